@@ -1,0 +1,84 @@
+"""``sim2edge-agent``: pull a policy onto this device and show what is active."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+from edge.errors import CheckFailed
+from edge.signing import load_trusted
+from edge.store import DeviceStore
+
+DEFAULT_ROOT = os.environ.get("SIM2EDGE_DEVICE_ROOT", "/var/lib/sim2edge")
+
+
+def _pull(args: argparse.Namespace) -> int:
+    from edge.pull import pull
+
+    result = pull(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.skip_target_check)
+    if not result.changed:
+        print(f"{result.policy} v{result.version} is already active at {result.path}")
+        return 0
+    s = result.smoke
+    print(f"activated {result.policy} v{result.version} at {result.path}\n"
+          f"  smoke test: {s.runtime}, golden max error {s.max_abs_error:.2e}, "
+          f"latency p50 {s.latency_p50_s * 1e6:.0f} us, p99 {s.latency_p99_s * 1e6:.0f} us")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    store = DeviceStore(Path(args.root))
+    manifest = store.current_manifest()
+    if manifest is None:
+        print(f"no active policy in {args.root}")
+        return 1
+    last = next((e for e in reversed(store.history()) if e["event"] == "activate"), {})
+    info = {
+        "policy": manifest["policy"]["name"],
+        "version": manifest["policy"]["version"],
+        "path": str(store.link("current")),
+        "target": manifest["target"]["name"],
+        "source": last.get("source"),
+        "run_id": manifest["provenance"].get("mlflow_run_id"),
+        "bundle_sha256": last.get("bundle_sha256"),
+        "evaluation": manifest.get("evaluation"),
+        "previous": str(store.link("previous")) if store.link("previous") else None,
+    }
+    print(json.dumps(info, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in info.items()))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sim2edge-agent", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    pl = sub.add_parser("pull", help="download, verify, smoke-test and activate a policy")
+    pl.add_argument("ref", help="<policy>@<alias> or <policy>@<version>")
+    pl.add_argument("--registry", required=True, help="MLflow tracking server URL, e.g. http://127.0.0.1:5000")
+    pl.add_argument("--root", default=DEFAULT_ROOT, help="device store (default: %(default)s)")
+    pl.add_argument("--trust", action="append", required=True, type=Path,
+                    help="trusted Ed25519 public key (PEM); repeat for key rotation")
+    pl.add_argument("--skip-target-check", action="store_true",
+                    help="development hosts only: install although this is not the bundle's Jetson target")
+    pl.set_defaults(func=_pull)
+    st = sub.add_parser("status", help="show the active policy and where it came from")
+    st.add_argument("--root", default=DEFAULT_ROOT)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (CheckFailed, ValueError, OSError) as e:
+        print(f"sim2edge-agent: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Inference runtimes behind one interface. ONNX Runtime here; TensorRT where it is installed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Sequence
+
+import numpy as np
+
+
+class OnnxRuntime:
+    """ONNX Runtime session with one float32 input and one output, single-threaded by default."""
+
+    name = "onnxruntime"
+
+    def __init__(self, onnx_path: Path, providers: Sequence[str] = ("CPUExecutionProvider",), threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        available = set(ort.get_available_providers())
+        chosen: List[str] = [p for p in providers if p in available] or ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(str(onnx_path), sess_options=options, providers=chosen)
+        self.providers = self.session.get_providers()
+        self.input_name = self.session.get_inputs()[0].name
+        self.output_name = self.session.get_outputs()[0].name
+
+    def run(self, obs: np.ndarray) -> np.ndarray:
+        """(B, obs_dim) float32 → (B, act_dim) float32."""
+        return self.session.run([self.output_name], {self.input_name: obs})[0]

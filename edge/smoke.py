@@ -1,0 +1,44 @@
+"""The smoke test: golden outputs within tolerance and latency within the control period."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from edge.errors import CheckFailed
+from edge.runtime import OnnxRuntime
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    runtime: str
+    max_abs_error: float
+    latency_p50_s: float
+    latency_p99_s: float
+
+
+def smoke_test(bundle_dir: Path, manifest: dict, iterations: int = 200) -> SmokeResult:
+    """Run the bundle's golden inputs and a latency loop; raise :class:`CheckFailed` on failure."""
+    runtime = OnnxRuntime(bundle_dir / "policy.onnx", manifest["runtime"]["onnxruntime_providers"])
+    golden = np.load(bundle_dir / "golden.npz")
+    out = runtime.run(golden["inputs"].astype(np.float32))
+    if out.shape != golden["outputs"].shape:
+        raise CheckFailed("smoke", f"output shape {out.shape} != golden {golden['outputs'].shape}")
+    err = float(np.max(np.abs(out - golden["outputs"])))
+    tol = manifest["parity_tolerance"]["fp32"]
+    if not err <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(golden["outputs"]))):
+        raise CheckFailed("smoke", f"golden outputs differ by {err:.3g} (tolerance atol {tol['atol']}, rtol {tol['rtol']})")
+    one = golden["inputs"][:1].astype(np.float32)
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        runtime.run(one)
+        times.append(time.perf_counter() - start)
+    p50, p99 = (float(np.percentile(times, q)) for q in (50, 99))
+    period = manifest["control"]["period_s"]
+    if p99 > period:
+        raise CheckFailed("latency", f"inference p99 {p99 * 1e3:.2f} ms exceeds the control period {period * 1e3:.1f} ms")
+    return SmokeResult(runtime.name, err, p50, p99)

@@ -1,0 +1,1 @@
+"""The pipeline's work: plain, typed Python stages that run and test without Prefect."""

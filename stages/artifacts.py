@@ -1,0 +1,104 @@
+"""Typed artifacts that flow between stages. Each names its files and carries a content digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from pydantic import BaseModel, ConfigDict
+
+from stages.sim.params import PhysicalParams
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_json(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling directory that is renamed to ``final`` only if the block succeeds."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Artifact(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    path: Path
+    digest: str
+
+
+class Dataset(Artifact):
+    """A versioned log dataset: Parquet files plus ``manifest.json``."""
+
+    task: str
+    source: str
+    episodes: int
+    rows: int
+
+
+class TwinSpec(Artifact):
+    """The calibrated digital twin: fitted parameters, their uncertainty and the data they came from."""
+
+    task: str
+    params: PhysicalParams
+    uncertainty: dict[str, float]
+    dataset_digest: str
+    replay_error_before: float
+    replay_error_after: float
+
+
+class Checkpoint(Artifact):
+    """An rsl_rl-format checkpoint (actor incl. observation normalizer, critic, optimizer)."""
+
+    task: str
+    iterations: int
+    final_return: float
+    hidden_dims: tuple[int, ...]
+
+
+class ExportedPolicy(Artifact):
+    """``policy.onnx`` with normalization and the deterministic action inside the graph."""
+
+    task: str
+    opset: int
+    parity_max_abs_error: float
+    golden: Path
+
+
+class EvalReport(Artifact):
+    """Seeded episodes of the exported policy in the twin, and the gate decision."""
+
+    episodes: int
+    success_rate: float
+    mean_return: float
+    passed: bool
+    reasons: tuple[str, ...]
+
+
+class BundleArtifact(Artifact):
+    """A signed device bundle (one tar file)."""
+
+    target: str
+    policy: str
+    version: str

@@ -1,0 +1,1 @@
+"""Tasks, physical parameters, and the batched MuJoCo environment."""

@@ -1,0 +1,137 @@
+"""N MuJoCo instances stepped per call, the physics of all N in C for the whole control period.
+
+Python runs once per policy step for all N environments: ``mujoco.rollout`` integrates
+``decimation`` physics steps with the action held, across a thread pool, releasing the GIL.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+from mujoco import rollout
+
+from stages.sim.params import PhysicalParams, Randomization, apply_params, sample_params
+from stages.sim.task import Task
+
+STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
+
+
+@dataclass
+class StepResult:
+    """One batched step. Shapes: obs (N, obs_dim); reward, terminated, truncated (N,)."""
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    done: np.ndarray
+    """Episodes that ended in this step; the ``finished_*`` arrays follow ``np.flatnonzero(done)``."""
+    finished_returns: np.ndarray
+    finished_success: np.ndarray
+
+
+class BatchedEnv:
+    """Vectorized task environment with per-environment physical parameters and auto-reset."""
+
+    def __init__(
+        self,
+        task: Task,
+        num_envs: int,
+        params: PhysicalParams | None = None,
+        randomization: Randomization | None = None,
+        seed: int = 0,
+        nthread: int = 2,
+        terminate: bool = True,
+    ) -> None:
+        self.task, self.num_envs = task, num_envs
+        self.centre = params or task.nominal_params()
+        self.randomization = randomization
+        self.terminate = terminate
+        self.rng = np.random.default_rng(seed)
+        nominal = task.model
+        self.models = [copy.deepcopy(nominal) for _ in range(num_envs)]
+        self.params: list[PhysicalParams] = [self.centre] * num_envs
+        self._datas = [mujoco.MjData(nominal) for _ in range(nthread)]
+        self._pool = rollout.Rollout(nthread=nthread)
+        self.nq, self.nv, self.nu = nominal.nq, nominal.nv, nominal.nu
+        nstate = mujoco.mj_stateSize(nominal, STATE_SPEC)
+        self.state = np.zeros((num_envs, nstate))
+        self._state_out = np.zeros((num_envs, task.decimation, nstate))
+        self._sens_out = np.zeros((num_envs, task.decimation, nominal.nsensordata))
+        max_latency = self.centre.latency_steps + 1
+        self._action_queue = np.zeros((max_latency, num_envs, self.nu), dtype=np.float32)
+        self.episode_step = np.zeros(num_envs, dtype=np.int64)
+        self.episode_return = np.zeros(num_envs)
+        self.obs_noise = np.zeros(num_envs)
+        self.reset()
+
+    @property
+    def qpos(self) -> np.ndarray:
+        return self.state[:, 1 : 1 + self.nq]
+
+    @property
+    def qvel(self) -> np.ndarray:
+        return self.state[:, 1 + self.nq : 1 + self.nq + self.nv]
+
+    def reset(self, mask: np.ndarray | None = None) -> np.ndarray:
+        """Reset the environments in ``mask`` (all by default), re-randomizing their physics."""
+        idx = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
+        qpos, qvel = self.task.initial_state(self.rng, len(idx))
+        for i in idx:
+            p = sample_params(self.centre, self.randomization, self.rng) if self.randomization else self.centre
+            if self.randomization or mask is None:
+                apply_params(self.models[i], self.task.model, p, self.task.mass_mask)
+            self.params[i] = p
+            self.obs_noise[i] = p.obs_noise
+        self.state[idx] = 0.0
+        self.state[idx, 1 : 1 + self.nq] = qpos
+        self.state[idx, 1 + self.nq : 1 + self.nq + self.nv] = qvel
+        self._action_queue[:, idx] = 0.0
+        self.episode_step[idx] = 0
+        self.episode_return[idx] = 0.0
+        return self.observe()
+
+    def observe(self) -> np.ndarray:
+        obs = self.task.observe(self.qpos, self.qvel)
+        if self.obs_noise.any():
+            obs = obs + (self.rng.standard_normal(obs.shape) * self.obs_noise[:, None]).astype(np.float32)
+        return obs
+
+    def _push(self, action: np.ndarray) -> np.ndarray:
+        """Queue the action; return the queue as it would be after this step (newest first)."""
+        queue = np.roll(self._action_queue, 1, axis=0)
+        queue[0] = np.clip(action, -1.0, 1.0)
+        return queue
+
+    def controls_preview(self, action: np.ndarray) -> np.ndarray:
+        """Actuator controls that ``step(action)`` will apply (after the action latency)."""
+        delayed = self._push(action)[self.centre.latency_steps]
+        return self.task.action_default + self.task.action_scale * delayed
+
+    def step(self, action: np.ndarray) -> StepResult:
+        """Hold ``action`` (N, nu) for one control period, then compute terms and auto-reset."""
+        ctrl = self.controls_preview(np.asarray(action, dtype=np.float32))
+        self._action_queue = self._push(action)
+        control = np.repeat(ctrl[:, None, :].astype(np.float64), self.task.decimation, axis=1)
+        self._pool.rollout(
+            self.models, self._datas, self.state, control,
+            nstep=self.task.decimation, skip_checks=True, state=self._state_out, sensordata=self._sens_out,
+        )
+        self.state[:] = self._state_out[:, -1]
+        qpos, qvel = self.qpos, self.qvel
+        reward = self.task.reward(qpos, qvel, self._action_queue[0])
+        # a NaN state terminates the episode (and would be reported by the caller)
+        terminated = ~np.all(np.isfinite(self.state), axis=1)
+        if self.terminate:
+            terminated |= self.task.terminated(qpos, qvel)
+        self.episode_step += 1
+        self.episode_return += reward
+        truncated = (self.episode_step >= self.task.episode_steps) & ~terminated
+        done = terminated | truncated
+        returns = self.episode_return[done].copy()
+        success = truncated[done] & (returns >= self.task.success_threshold)
+        obs = self.reset(done) if done.any() else self.observe()
+        return StepResult(obs, reward, terminated, truncated, done, returns, success)

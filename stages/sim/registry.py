@@ -1,0 +1,44 @@
+"""The one lazy task registry: names map to factories; tasks are built on first use."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from stages.sim.task import Task
+
+_FACTORIES: dict[str, str | Callable[[], Task]] = {
+    "cartpole": "stages.sim.cartpole:CartPole",
+}
+_BUILT: dict[str, Task] = {}
+
+
+def register(name: str, factory: str | Callable[[], Task]) -> None:
+    """Register a task factory (a callable or a ``module:attr`` path) under ``name``."""
+    _FACTORIES[name] = factory
+    _BUILT.pop(name, None)
+
+
+def names() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def _resolve(path: str) -> Callable[[], Task]:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def load(name: str) -> Task:
+    """The task called ``name``, or ``module:Class`` for a user's own task; errors list valid names."""
+    if name in _BUILT:
+        return _BUILT[name]
+    if name in _FACTORIES:
+        factory = _FACTORIES[name]
+    elif ":" in name:
+        factory = name
+    else:
+        raise KeyError(f"unknown task {name!r}; valid tasks: {', '.join(names())} (or module:Class)")
+    task = (_resolve(factory) if isinstance(factory, str) else factory)()
+    task.validate()
+    _BUILT[name] = task
+    return task

@@ -1,0 +1,24 @@
+"""The reference robot: a STAND-IN for reality where no real robot exists.
+
+It is the task's own MJCF with hidden physical parameters, latency and sensor noise
+that the twin does not know. Everything it produces is labelled ``stand-in``.
+"""
+
+from __future__ import annotations
+
+from stages.sim.params import PhysicalParams
+
+LABEL = "stand-in"
+
+_HIDDEN: dict[str, PhysicalParams] = {
+    "cartpole": PhysicalParams(damping=1.6, actuator_gain=0.85, mass=1.25, latency_steps=0, obs_noise=0.002),
+}
+
+
+def hidden_params(task: str) -> PhysicalParams:
+    """The stand-in's hidden truth for ``task`` (default: a generic 30% shift)."""
+    return _HIDDEN.get(task, PhysicalParams(damping=1.3, actuator_gain=0.9, mass=1.15, obs_noise=0.002))
+
+
+def robot_id(task: str) -> str:
+    return f"{LABEL}:{task}"

@@ -1,0 +1,174 @@
+"""PPO training with rsl_rl's algorithm on the batched MuJoCo environment.
+
+The loop mirrors rsl_rl's ``OnPolicyRunner.learn`` but reports per-iteration metrics
+through a callback, so MLflow and the console stay at the edges. Checkpoints use
+rsl_rl's format (``actor_state_dict`` incl. the observation normalizer, ``critic_state_dict``,
+``optimizer_state_dict``, ``iter``, ``infos``), so ``OnPolicyRunner.load`` reads them too.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from rsl_rl.algorithms import PPO
+from rsl_rl.env import VecEnv
+from tensordict import TensorDict
+
+from stages.artifacts import Checkpoint, atomic_dir, sha256_file
+from stages.sim.env import BatchedEnv
+from stages.sim.params import PhysicalParams
+from stages.sim.registry import load
+
+IterationCallback = Callable[[int, dict[str, float]], None]
+
+
+class TrainConfig(BaseModel):
+    """PPO hyperparameters and the sample budget."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    task: str = Field("cartpole", description="Registered task name or module:Class.")
+    iterations: int = Field(30, ge=1, description="PPO iterations (rollout + update).")
+    num_envs: int = Field(128, ge=1, description="Parallel simulated environments.")
+    steps_per_env: int = Field(32, ge=2, description="Rollout length per environment per iteration.")
+    hidden_dims: tuple[int, ...] = Field((64, 64), description="Actor and critic MLP widths.")
+    learning_rate: float = Field(1e-3, gt=0)
+    entropy_coef: float = Field(0.005, ge=0)
+    seed: int = Field(0, description="Seeds torch, the environments and the randomization.")
+    nthread: int = Field(2, ge=1, description="Physics threads.")
+
+
+class NonFiniteTraining(RuntimeError):
+    """Training produced NaN/Inf; the last good checkpoint is kept."""
+
+
+class RslRlEnv(VecEnv):
+    """rsl_rl's VecEnv interface over :class:`BatchedEnv` (numpy in, torch out)."""
+
+    def __init__(self, env: BatchedEnv) -> None:
+        self.env = env
+        self.num_envs = env.num_envs
+        self.num_actions = env.task.act_dim
+        self.max_episode_length = env.task.episode_steps
+        self.episode_length_buf = torch.zeros(env.num_envs, dtype=torch.long)
+        self.device = "cpu"
+        self.cfg = {"task": env.task.name}
+        self._obs = env.observe()
+        self.finished_returns: list[float] = []
+        self.finished_success: list[bool] = []
+
+    def get_observations(self) -> TensorDict:
+        return TensorDict({"policy": torch.from_numpy(self._obs)}, batch_size=[self.num_envs])
+
+    def step(self, actions: torch.Tensor):
+        r = self.env.step(actions.numpy())
+        self._obs = r.obs
+        self.finished_returns.extend(r.finished_returns.tolist())
+        self.finished_success.extend(r.finished_success.tolist())
+        self.episode_length_buf = torch.from_numpy(self.env.episode_step)
+        dones = torch.from_numpy(r.terminated | r.truncated).long()
+        extras = {"time_outs": torch.from_numpy(r.truncated).float()}
+        return self.get_observations(), torch.from_numpy(r.reward), dones, extras
+
+
+def rsl_rl_config(cfg: TrainConfig) -> dict:
+    """The rsl_rl training config dict for ``cfg``."""
+    model = {"class_name": "MLPModel", "hidden_dims": list(cfg.hidden_dims), "activation": "elu", "obs_normalization": True}
+    return {
+        "num_steps_per_env": cfg.steps_per_env,
+        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "actor": {**model, "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 0.6}},
+        "critic": model,
+        "algorithm": {
+            "class_name": "PPO",
+            "learning_rate": cfg.learning_rate,
+            "num_learning_epochs": 5,
+            "num_mini_batches": 4,
+            "entropy_coef": cfg.entropy_coef,
+            "gamma": 0.99,
+            "lam": 0.95,
+            "desired_kl": 0.01,
+            "schedule": "adaptive",
+        },
+        "multi_gpu": None,
+    }
+
+
+def build_algorithm(cfg: TrainConfig, vec_env: RslRlEnv) -> PPO:
+    """Construct rsl_rl's PPO (actor, critic, storage) for ``vec_env``."""
+    return PPO.construct_algorithm(vec_env.get_observations(), vec_env, rsl_rl_config(cfg), "cpu")
+
+
+def train(
+    cfg: TrainConfig,
+    twin: PhysicalParams,
+    out_dir: Path,
+    on_iteration: IterationCallback | None = None,
+    warm_start: Path | None = None,
+) -> Checkpoint:
+    """Train with randomization centred on ``twin``; write ``out_dir/model.pt`` atomically."""
+    task = load(cfg.task)
+    torch.manual_seed(cfg.seed)
+    env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization, seed=cfg.seed, nthread=cfg.nthread)
+    vec_env = RslRlEnv(env)
+    alg = build_algorithm(cfg, vec_env)
+    if warm_start is not None:
+        alg.load(torch.load(warm_start, weights_only=False), {"actor": True, "critic": True}, strict=True)
+    obs = vec_env.get_observations()
+    alg.train_mode()
+    last_return = -math.inf
+    for it in range(cfg.iterations):
+        start = time.perf_counter()
+        with torch.inference_mode():
+            for _ in range(cfg.steps_per_env):
+                actions = alg.act(obs)
+                obs, rewards, dones, extras = vec_env.step(actions)
+                alg.process_env_step(obs, rewards, dones, extras)
+            alg.compute_returns(obs)
+        collect = time.perf_counter() - start
+        losses = alg.update()
+        update = time.perf_counter() - start - collect
+        if not all(math.isfinite(v) for v in losses.values()):
+            raise NonFiniteTraining(f"iteration {it}: non-finite loss {losses}; last good checkpoint kept in {out_dir}")
+        if vec_env.finished_returns:
+            last_return = float(np.mean(vec_env.finished_returns))
+        metrics = {
+            "mean_return": last_return,
+            "success_rate": float(np.mean(vec_env.finished_success)) if vec_env.finished_success else 0.0,
+            "episodes": float(len(vec_env.finished_returns)),
+            "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect,
+            "collect_time_s": collect,
+            "update_time_s": update,
+            **{f"loss_{k}": float(v) for k, v in losses.items()},
+        }
+        vec_env.finished_returns.clear()
+        vec_env.finished_success.clear()
+        if on_iteration:
+            on_iteration(it, metrics)
+    infos = {"task": task.name, "hidden_dims": list(cfg.hidden_dims), "config": cfg.model_dump(mode="json")}
+    with atomic_dir(out_dir) as tmp:
+        torch.save({**alg.save(), "iter": cfg.iterations, "infos": infos}, tmp / "model.pt")
+    path = out_dir / "model.pt"
+    return Checkpoint(path=path, digest=sha256_file(path), task=task.name, iterations=cfg.iterations,
+                      final_return=last_return, hidden_dims=cfg.hidden_dims)
+
+
+def load_actor(checkpoint: Path) -> torch.nn.Module:
+    """Rebuild the trained actor (with its normalizer) from an rsl_rl-format checkpoint."""
+    saved = torch.load(checkpoint, weights_only=False)
+    cfg = TrainConfig(**saved["infos"]["config"])
+    task = load(cfg.task)
+    obs = TensorDict({"policy": torch.zeros(1, task.obs_dim)}, batch_size=[1])
+    model_cfg = rsl_rl_config(cfg)["actor"]
+    from rsl_rl.models import MLPModel
+
+    actor = MLPModel(obs, {"actor": ["policy"]}, "actor", task.act_dim,
+                     hidden_dims=model_cfg["hidden_dims"], activation=model_cfg["activation"],
+                     obs_normalization=True, distribution_cfg=model_cfg["distribution_cfg"])
+    actor.load_state_dict(saved["actor_state_dict"])
+    return actor.eval()

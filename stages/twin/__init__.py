@@ -1,0 +1,1 @@
+"""The digital twin: calibration from logs, evaluation of the shipped artifact, gates."""

@@ -1,0 +1,73 @@
+"""Evaluate the exported ONNX policy — the artifact that ships — in the twin, seeded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge.runtime import OnnxRuntime
+from stages.artifacts import EvalReport, ExportedPolicy, TwinSpec, atomic_dir, sha256_file
+from stages.sim.env import BatchedEnv
+from stages.sim.registry import load
+from stages.twin.gate import GateConfig, decide
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    episodes: int = Field(32, ge=1, description="Seeded episodes, one per parallel environment.")
+    seed: int = Field(1000, description="Seed of initial states (disjoint from training seeds).")
+
+
+def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> dict:
+    """One episode per environment with the ONNX policy; returns per-episode arrays."""
+    task = env.task
+    n = env.num_envs
+    returns, success, done = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    nan_actions = 0
+    obs = env.reset()
+    for _ in range(task.episode_steps):
+        ctrl = policy.run(obs)
+        nan_actions += int((~np.isfinite(ctrl)).any(axis=1)[~done].sum())
+        # the graph outputs actuator controls; the env takes normalized actions
+        action = (np.nan_to_num(ctrl) - task.action_default) / task.action_scale
+        r = env.step(action)
+        newly = np.flatnonzero(r.done)
+        fresh = ~done[newly]
+        returns[newly[fresh]] = r.finished_returns[fresh]
+        success[newly[fresh]] = r.finished_success[fresh]
+        done[newly] = True
+        obs = r.obs
+        if done.all():
+            break
+    return {"returns": returns, "success": success, "nan_actions": nan_actions}
+
+
+def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: TwinSpec, out_dir: Path) -> EvalReport:
+    """Seeded episodes in the twin; write ``report.json`` with metrics and the gate decision."""
+    task = load(policy.task)
+    env = BatchedEnv(task, cfg.episodes, params=twin.params, seed=cfg.seed)
+    result = run_episodes(OnnxRuntime(policy.path), env)
+    success_rate, mean_return = float(result["success"].mean()), float(result["returns"].mean())
+    passed, reasons = decide(gate, success_rate, mean_return, result["nan_actions"])
+    report = {
+        "task": task.name,
+        "twin_digest": twin.digest,
+        "policy_digest": policy.digest,
+        "episodes": cfg.episodes,
+        "seed": cfg.seed,
+        "success_rate": success_rate,
+        "mean_return": mean_return,
+        "return_std": float(result["returns"].std()),
+        "nan_actions": result["nan_actions"],
+        "gate": gate.model_dump(),
+        "passed": passed,
+        "reasons": list(reasons),
+    }
+    with atomic_dir(out_dir) as tmp:
+        (tmp / "report.json").write_text(json.dumps(report, indent=2))
+    path = out_dir / "report.json"
+    return EvalReport(path=path, digest=sha256_file(path), episodes=cfg.episodes, success_rate=success_rate,
+                      mean_return=mean_return, passed=passed, reasons=reasons)
