@@ -1,0 +1,1 @@
+"""Prefect flows, deployments and the ``sim2edge`` CLI: wiring only."""

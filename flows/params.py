@@ -1,0 +1,56 @@
+"""Typed flow parameters: the Prefect UI renders these as a form and refuses invalid values."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from edge.targets import load_target
+from stages.sim.registry import load
+from stages.twin.gate import GateConfig
+
+
+class SimToEdgeParams(BaseModel):
+    """One run of the whole chain for one task and target."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    task: str = Field("cartpole", description="Registered task (`sim2edge tasks`) or module:Class.")
+    target: str = Field("orin-jp6.1", description="Jetson target profile (`sim2edge targets`).")
+    iterations: int = Field(100, ge=1, le=100000, description="PPO iterations.")
+    num_envs: int = Field(128, ge=1, le=16384, description="Parallel simulated environments in training.")
+    seed: int = Field(0, description="Seed for collection, training and evaluation.")
+    collect_episodes: int = Field(16, ge=1, description="Stand-in episodes to record for calibration.")
+    eval_episodes: int = Field(32, ge=1, description="Seeded evaluation episodes in the twin.")
+    gate: GateConfig = Field(default_factory=GateConfig, description="Floors the policy must clear.")
+    promote: bool = Field(True, description="Set `champion` when the gate passes (else always `challenger`).")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, v: str) -> str:
+        try:
+            load(v)
+        except (KeyError, ImportError, AttributeError, ValueError) as e:
+            raise ValueError(str(e).strip('"')) from None
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, v: str) -> str:
+        try:
+            load_target(v)
+        except KeyError as e:
+            raise ValueError(str(e).strip('"')) from None
+        return v
+
+
+class PipelineSummary(BaseModel):
+    policy: str
+    version: str
+    alias: str
+    success_rate: float
+    mean_return: float
+    gate_reasons: tuple[str, ...]
+    bundle_sha256: str
+    mlflow_run_id: str
+    tracking_uri: str
+    pull_command: str
+    stage_seconds: dict[str, float]

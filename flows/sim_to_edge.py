@@ -1,0 +1,178 @@
+"""``sim-to-edge``: collect → calibrate → train → export → evaluate → package → register."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from rich.progress import Progress
+
+from flows.params import PipelineSummary, SimToEdgeParams
+from flows.workspace import Workspace
+from registry import models
+from registry.tracking import RunContext, finish_pipeline, stage_run, start_pipeline
+from stages.artifacts import BundleArtifact, Checkpoint, Dataset, EvalReport, ExportedPolicy, TwinSpec
+from stages.collect import CollectConfig, collect
+from stages.export import ExportConfig, export
+from stages.package import PackageConfig, manifest_for, package
+from stages.sim.params import PhysicalParams
+from stages.standin import LABEL
+from stages.train import TrainConfig, train
+from stages.twin.calibrate import CalibrateConfig, calibrate
+from stages.twin.evaluate import EvalConfig, evaluate
+
+TIMINGS: dict[str, float] = {}
+
+
+@contextmanager
+def timed(name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    TIMINGS[name] = round(time.perf_counter() - start, 2)
+
+
+@task(cache_policy=NO_CACHE)
+def collect_stage(ctx: RunContext, cfg: CollectConfig, out: Path) -> Dataset:
+    with timed("collect"), stage_run(ctx, "collect", cfg.model_dump()) as run:
+        ds = collect(cfg, out)
+        run.tags({"sim2edge.robot": f"{LABEL}:{cfg.task}", "sim2edge.dataset_digest": ds.digest})
+        run.metrics({"rows": ds.rows, "episodes": ds.episodes})
+        run.artifact(out / "manifest.json", "dataset")
+        return ds
+
+
+@task(cache_policy=NO_CACHE)
+def calibrate_stage(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out: Path) -> TwinSpec:
+    with timed("calibrate"), stage_run(ctx, "calibrate", cfg.model_dump()) as run:
+        twin = calibrate(cfg, dataset, out)
+        run.metrics({"replay_error_before": twin.replay_error_before, "replay_error_after": twin.replay_error_after,
+                     **{f"fitted_{k}": v for k, v in twin.params.model_dump().items()}})
+        run.tags({"sim2edge.twin_digest": twin.digest, "sim2edge.dataset_digest": dataset.digest})
+        run.artifact(twin.path, "twin")
+        return twin
+
+
+@task(cache_policy=NO_CACHE)
+def train_stage(ctx: RunContext, cfg: TrainConfig, twin: PhysicalParams, out: Path) -> Checkpoint:
+    with timed("train"), stage_run(ctx, "train", cfg.model_dump()) as run, Progress(transient=True) as bar:
+        job = bar.add_task(f"PPO {cfg.task}", total=cfg.iterations)
+
+        def report(it: int, metrics: dict[str, float]) -> None:
+            run.metrics(metrics, step=it)
+            bar.update(job, advance=1, description=f"PPO {cfg.task} return {metrics['mean_return']:.1f}")
+
+        ckpt = train(cfg, twin, out, on_iteration=report)
+        run.artifact(ckpt.path, "checkpoint")
+        return ckpt
+
+
+@task(cache_policy=NO_CACHE)
+def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path) -> ExportedPolicy:
+    with timed("export"), stage_run(ctx, "export", cfg.model_dump()) as run:
+        policy = export(cfg, ckpt, out)
+        run.metrics({"parity_max_abs_error": policy.parity_max_abs_error})
+        run.artifact(out, "onnx")
+        return policy
+
+
+@task(cache_policy=NO_CACHE)
+def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: SimToEdgeParams, policy: ExportedPolicy,
+                   twin: TwinSpec, out: Path) -> EvalReport:
+    with timed("evaluate"), stage_run(ctx, "evaluate", {**cfg.model_dump(), **params.gate.model_dump()}) as run:
+        report = evaluate(cfg, params.gate, policy, twin, out)
+        run.metrics({"success_rate": report.success_rate, "mean_return": report.mean_return})
+        run.tags({"sim2edge.gate": "pass" if report.passed else "fail"})
+        run.artifact(report.path, "evaluation")
+        return report
+
+
+@task(cache_policy=NO_CACHE)
+def package_and_register(ctx: RunContext, params: SimToEdgeParams, ws: Workspace, ds: Dataset, twin: TwinSpec,
+                         ckpt: Checkpoint, policy: ExportedPolicy, report: EvalReport, out: Path) -> tuple[BundleArtifact, str, str]:
+    """Reserve a model version, write the signed bundle for it, log it, then tag and move the alias."""
+    cfg = PackageConfig(target=params.target)
+    client = ctx.client
+    with timed("package"), stage_run(ctx, "package", cfg.model_dump()) as run:
+        version = models.reserve_version(client, params.task, run.run_id, run.artifact_uri + "/bundle",
+                                         {"sim2edge.target": cfg.target})
+        try:
+            provenance = {"mlflow_run_id": ctx.parent_run_id, "package_run_id": run.run_id,
+                          "model_version": version, "git_commit": _git_commit()}
+            manifest = manifest_for(cfg, params.task, version, policy, report, ckpt, twin, ds, provenance)
+            bundle = package(cfg, manifest, policy, ws.keys_dir, out / "bundle.tar")
+            run.artifact(bundle.path, "bundle")
+            run.tags({"sim2edge.bundle_sha256": bundle.digest, "sim2edge.model_version": version})
+            bundle_path = models.proxy_path(run.artifact_uri + "/bundle/bundle.tar", ws.artifact_root())
+        except BaseException:
+            client.delete_model_version(params.task, version)
+            raise
+    with timed("register"), stage_run(ctx, "register", {"model": params.task, "version": version}) as run:
+        alias = models.publish(client, params.task, version, bundle_path, bundle.digest, bundle.path.stat().st_size,
+                               report.passed and params.promote,
+                               {"sim2edge.success_rate": report.success_rate, "sim2edge.mean_return": report.mean_return,
+                                "sim2edge.dataset_digest": ds.digest, "sim2edge.twin_digest": twin.digest,
+                                "sim2edge.pipeline_run_id": ctx.parent_run_id})
+        run.tags({"sim2edge.alias": alias})
+    return bundle, version, alias
+
+
+def _git_commit() -> str:
+    import subprocess
+
+    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    return out.stdout.strip() or "unknown"
+
+
+def pull_command(policy: str, alias: str, ws: Workspace, tracking_uri: str) -> str:
+    registry = tracking_uri if tracking_uri.startswith("http") else "http://127.0.0.1:5000"
+    return (f"sim2edge-agent pull {policy}@{alias} --registry {registry} --root {ws.device_root} "
+            f"--trust {ws.keys_dir / 'signing.pub'} --skip-target-check")
+
+
+@flow(name="sim-to-edge", log_prints=True)
+def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
+    """The whole chain for one task and target, tracked in MLflow, ending in a registered bundle."""
+    ws = Workspace.from_env()
+    tracking_uri = ws.tracking_uri()
+    ctx = start_pipeline(tracking_uri, f"sim2edge/{params.task}", ws.artifact_root(), f"sim-to-edge {params.task}",
+                         {"sim2edge.task": params.task, "sim2edge.target": params.target, "sim2edge.robot": LABEL})
+    out = ws.runs / ctx.parent_run_id
+    TIMINGS.clear()
+    try:
+        ds = collect_stage(ctx, CollectConfig(task=params.task, episodes=params.collect_episodes, seed=params.seed),
+                           out / "dataset")
+        twin = calibrate_stage(ctx, CalibrateConfig(seed=params.seed), ds, out / "twin")
+        ckpt = train_stage(ctx, TrainConfig(task=params.task, iterations=params.iterations, num_envs=params.num_envs,
+                                            seed=params.seed), twin.params, out / "checkpoint")
+        policy = export_stage(ctx, ExportConfig(seed=params.seed), ckpt, out / "onnx")
+        report = evaluate_stage(ctx, EvalConfig(episodes=params.eval_episodes, seed=params.seed + 1000), params,
+                                policy, twin, out / "evaluation")
+        bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle")
+    except BaseException:
+        finish_pipeline(ctx, ok=False)
+        raise
+    finish_pipeline(ctx, ok=True)
+    summary = PipelineSummary(
+        policy=params.task, version=version, alias=alias, success_rate=report.success_rate,
+        mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,
+        mlflow_run_id=ctx.parent_run_id, tracking_uri=tracking_uri,
+        pull_command=pull_command(params.task, alias, ws, tracking_uri), stage_seconds=dict(TIMINGS),
+    )
+    create_markdown_artifact(key="sim-to-edge-summary", markdown=summary_markdown(summary),
+                             description=f"{params.task} v{version} → {alias}")
+    return summary
+
+
+def summary_markdown(s: PipelineSummary) -> str:
+    rows = "\n".join(f"| {k} | {v:.1f} s |" for k, v in s.stage_seconds.items())
+    gate = "\n".join(f"- {r}" for r in s.gate_reasons)
+    return (f"# {s.policy} v{s.version} → `{s.alias}`\n\n"
+            f"Success rate {s.success_rate:.2f}, mean return {s.mean_return:.1f}\n\n{gate}\n\n"
+            f"| stage | time |\n|---|---|\n{rows}\n\n"
+            f"MLflow run `{s.mlflow_run_id}` on {s.tracking_uri}\n\nBundle sha256 `{s.bundle_sha256}`\n\n"
+            f"```\n{s.pull_command}\n```\n")

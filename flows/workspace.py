@@ -1,0 +1,85 @@
+"""The embedded-defaults workspace: everything under one folder (``SIM2EDGE_HOME``, default ``./.sim2edge``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+
+def healthy(url: str, path: str) -> bool:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+class Workspace(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    home: Path
+
+    @classmethod
+    def from_env(cls) -> "Workspace":
+        return cls(home=Path(os.environ.get("SIM2EDGE_HOME", ".sim2edge")).resolve())
+
+    @property
+    def prefect_home(self) -> Path:
+        return self.home / "prefect"
+
+    @property
+    def mlflow_db(self) -> Path:
+        return self.home / "mlflow" / "mlflow.db"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.home / "mlflow" / "artifacts"
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.home / "keys"
+
+    @property
+    def device_root(self) -> Path:
+        return self.home / "device"
+
+    @property
+    def runs(self) -> Path:
+        return self.home / "runs"
+
+    @property
+    def services_file(self) -> Path:
+        return self.home / "services.json"
+
+    def services(self) -> dict:
+        """URLs of the servers ``sim2edge up`` runs for this workspace, if they answer."""
+        if not self.services_file.exists():
+            return {}
+        urls = json.loads(self.services_file.read_text())
+        ok = {"mlflow": "/health", "prefect": "/health"}
+        return {k: v for k, v in urls.items() if k in ok and healthy(v if k == "mlflow" else v + "/api", ok[k])}
+
+    def tracking_uri(self) -> str:
+        """``MLFLOW_TRACKING_URI``, else the running ``sim2edge up`` server, else the SQLite file."""
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return os.environ["MLFLOW_TRACKING_URI"]
+        up = self.services().get("mlflow")
+        if up:
+            return up
+        self.mlflow_db.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{self.mlflow_db}"
+
+    def artifact_root(self) -> Path | None:
+        """Where embedded runs keep artifacts; None when a remote tracking server owns them."""
+        return None if os.environ.get("MLFLOW_TRACKING_URI") else self.mlflow_artifacts
+
+    def configure_prefect(self) -> None:
+        """Point Prefect at this workspace (call before importing prefect)."""
+        os.environ.setdefault("PREFECT_HOME", str(self.prefect_home))
+        os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        up = self.services().get("prefect")
+        if up and not os.environ.get("PREFECT_API_URL"):
+            os.environ["PREFECT_API_URL"] = up + "/api"

@@ -1,0 +1,1 @@
+"""MLflow: runs per pipeline and stage, model versions with lineage tags, aliases."""

@@ -1,0 +1,47 @@
+"""Registered models: one per policy; each candidate a version; aliases say where it stands.
+
+The bundle tags written here are the device contract that ``edge.registry_client`` reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+
+
+def proxy_path(artifact_uri: str, artifact_root: Path | None) -> str:
+    """The path under the tracking server's artifact proxy for a run artifact URI."""
+    if artifact_uri.startswith("mlflow-artifacts:"):
+        return artifact_uri.split(":", 1)[1].lstrip("/")
+    if artifact_root is not None:
+        root = artifact_root.resolve().as_uri().rstrip("/") + "/"
+        if artifact_uri.startswith(root):
+            return artifact_uri[len(root):]
+    raise ValueError(f"artifact URI {artifact_uri!r} is not served by the artifact proxy (root {artifact_root})")
+
+
+def reserve_version(client: MlflowClient, name: str, run_id: str, source: str, tags: dict) -> str:
+    """Create a new version of ``name`` (creating the model on first use); return its number."""
+    try:
+        client.create_registered_model(name, description=f"sim2edge policies for task {name}")
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    return str(client.create_model_version(name, source=source, run_id=run_id, tags=tags).version)
+
+
+def publish(client: MlflowClient, name: str, version: str, bundle_path: str, sha256: str, size: int,
+            passed: bool, tags: dict) -> str:
+    """Tag the version with its bundle, then move the alias last; return the alias."""
+    for k, v in {**tags, TAG_PATH: bundle_path, TAG_SHA256: sha256, TAG_SIZE: str(size),
+                 "sim2edge.gate": "pass" if passed else "fail"}.items():
+        client.set_model_version_tag(name, version, k, str(v))
+    alias = CHAMPION if passed else CHALLENGER
+    client.set_registered_model_alias(name, alias, version)
+    return alias

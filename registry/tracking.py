@@ -1,0 +1,95 @@
+"""One MLflow parent run per pipeline run, a nested run per stage.
+
+Uses ``MlflowClient`` with explicit run ids (no fluent global state), so stages running
+in Prefect's worker threads log to the right run.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Mapping
+
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from mlflow.utils.time import get_current_time_millis
+from pydantic import BaseModel, ConfigDict
+
+
+class RunContext(BaseModel):
+    """Where a pipeline run logs: tracking URI, experiment and parent run. Plain data, hashable."""
+
+    model_config = ConfigDict(frozen=True)
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+
+    @property
+    def client(self) -> MlflowClient:
+        return MlflowClient(self.tracking_uri)
+
+
+def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
+    """The experiment's id, creating it (artifacts under ``artifact_root/<name>`` when given)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = (artifact_root / name.replace("/", "-")).resolve().as_uri() if artifact_root else None
+    return client.create_experiment(name, artifact_location=location)
+
+
+def start_pipeline(tracking_uri: str, experiment: str, artifact_root: Path | None, run_name: str,
+                   tags: Mapping[str, str]) -> RunContext:
+    client = MlflowClient(tracking_uri)
+    experiment_id = ensure_experiment(client, experiment, artifact_root)
+    run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+    return RunContext(tracking_uri=tracking_uri, experiment_id=experiment_id, parent_run_id=run.info.run_id)
+
+
+def finish_pipeline(ctx: RunContext, ok: bool) -> None:
+    ctx.client.set_terminated(ctx.parent_run_id, "FINISHED" if ok else "FAILED")
+
+
+class StageRun:
+    """Handle on a stage's nested run."""
+
+    def __init__(self, client: MlflowClient, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+
+    def metrics(self, values: Mapping[str, float], step: int = 0) -> None:
+        now = get_current_time_millis()
+        batch = [Metric(k, float(v), now, step) for k, v in values.items() if math.isfinite(float(v))]
+        if batch:
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if path.is_dir():
+            self.client.log_artifacts(self.run_id, str(path), artifact_path)
+        else:
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def tags(self, values: Mapping[str, str]) -> None:
+        for k, v in values.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+    @property
+    def artifact_uri(self) -> str:
+        return self.client.get_run(self.run_id).info.artifact_uri
+
+
+@contextmanager
+def stage_run(ctx: RunContext, stage: str, params: Mapping[str, object]) -> Iterator[StageRun]:
+    """A nested run for ``stage`` with its params; FAILED if the block raises, FINISHED otherwise."""
+    client = ctx.client
+    run = client.create_run(ctx.experiment_id, run_name=stage,
+                            tags={"mlflow.parentRunId": ctx.parent_run_id, "sim2edge.stage": stage})
+    flat = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    if flat:
+        client.log_batch(run.info.run_id, params=flat)
+    try:
+        yield StageRun(client, run.info.run_id)
+    except BaseException:
+        client.set_terminated(run.info.run_id, "FAILED")
+        raise
+    client.set_terminated(run.info.run_id, "FINISHED")
