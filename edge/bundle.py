@@ -92,7 +92,11 @@ def extract(tar_path: Path, dest: Path, max_bytes: int) -> None:
     except (tarfile.TarError, OSError) as e:
         raise CheckFailed("archive", f"{tar_path.name} is not a readable tar file ({e})") from e
     with tar:
-        for info in tar:
+        try:
+            members = tar.getmembers()
+        except (tarfile.TarError, OSError) as e:
+            raise CheckFailed("archive", f"{tar_path.name} is damaged or truncated ({e})") from e
+        for info in members:
             if not info.isreg():
                 raise CheckFailed("archive", f"member {info.name!r} is not a regular file (links and devices are refused)")
             if not _MEMBER.match(info.name) and info.name not in (MANIFEST, SIGNATURE):

@@ -58,8 +58,15 @@ def up(
     mlflow_port: int = typer.Option(5000),
 ) -> None:
     """Start a Prefect server and an MLflow tracking server for this workspace; Ctrl-C stops both."""
+    import signal
+
     from flows import services
 
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     ws = Workspace.from_env()
     running = services.up(ws, host, prefect_port, mlflow_port)
     console.print(f"Prefect UI  http://{host}:{prefect_port}\nMLflow UI   http://{host}:{mlflow_port}\n"

@@ -1,0 +1,136 @@
+"""End to end: the flow under Prefect's harness, a real MLflow server, the agent pulling the result."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+
+from edge.runtime import OnnxRuntime
+from edge.store import DeviceStore
+from flows.params import SimToEdgeParams
+from stages.sim.env import BatchedEnv
+from stages.sim.registry import load
+from stages.twin.evaluate import run_episodes
+from tests.bundles import make_keys
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.slow
+STAGES = {"collect", "calibrate", "train", "export", "evaluate", "package", "register"}
+
+
+@pytest.fixture(scope="module")
+def pipeline(mlflow_server, prefect_harness):
+    from flows.sim_to_edge import sim_to_edge
+
+    return sim_to_edge(SimToEdgeParams(iterations=100, eval_episodes=16))
+
+
+@pytest.fixture(scope="module")
+def client(mlflow_server):
+    return MlflowClient(mlflow_server)
+
+
+def agent_pull(ref, url, root, trust, *extra):
+    return run_cli("sim2edge-agent", "pull", ref, "--registry", url, "--root", str(root), "--trust", str(trust), *extra)
+
+
+def test_flow_registers_a_champion_with_lineage(pipeline, client):
+    assert pipeline.alias == "champion" and pipeline.success_rate >= 0.8
+    mv = client.get_model_version_by_alias("cartpole", "champion")
+    assert mv.version == pipeline.version
+    assert mv.tags["sim2edge.bundle.sha256"] == pipeline.bundle_sha256
+    assert mv.tags["sim2edge.gate"] == "pass" and mv.tags["sim2edge.target"] == "orin-jp6.1"
+    parent = client.get_run(pipeline.mlflow_run_id)
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{pipeline.mlflow_run_id}'")
+    assert {r.info.run_name for r in children} == STAGES
+    assert all(r.info.status == "FINISHED" for r in children)
+    train_run = next(r for r in children if r.info.run_name == "train")
+    history = client.get_metric_history(train_run.info.run_id, "mean_return")
+    assert len(history) == 100
+
+
+def test_agent_pulls_verifies_and_runs_the_policy(pipeline, mlflow_server, workspace, tmp_path):
+    root = tmp_path / "device"
+    trust = workspace.keys_dir / "signing.pub"
+    done = agent_pull("cartpole@champion", mlflow_server, root, trust, "--skip-target-check")
+    assert done.returncode == 0, done.stderr
+    assert f"activated cartpole v{pipeline.version}" in done.stdout
+    status = run_cli("sim2edge-agent", "status", "--root", str(root), "--json")
+    info = json.loads(status.stdout)
+    assert info["version"] == pipeline.version and info["source"] == mlflow_server
+    assert info["run_id"] == pipeline.mlflow_run_id
+    # the installed artifact is what runs: drive the twin with it
+    current = DeviceStore(root).link("current")
+    task = load("cartpole")
+    result = run_episodes(OnnxRuntime(current / "policy.onnx"), BatchedEnv(task, 8, seed=77))
+    assert result["success"].mean() >= 0.75
+    again = agent_pull(f"cartpole@{pipeline.version}", mlflow_server, root, trust, "--skip-target-check")
+    assert again.returncode == 0 and "already active" in again.stdout
+
+
+def snapshot(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "tmp" not in p.parts), \
+        os.readlink(root / "current") if (root / "current").is_symlink() else None
+
+
+def test_refusals_leave_the_store_untouched(pipeline, mlflow_server, workspace, tmp_path):
+    root = tmp_path / "device"
+    trust = workspace.keys_dir / "signing.pub"
+    assert agent_pull("cartpole@champion", mlflow_server, root, trust, "--skip-target-check").returncode == 0
+    before = snapshot(root)
+    for args, message in [(("cartpole@nope", mlflow_server, root, trust), "nope not found"),
+                          (("cartpole@champion", "http://127.0.0.1:9", root, trust), "unreachable")]:
+        r = agent_pull(*args)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1, "one-line error"
+        assert snapshot(root) == before
+
+
+def test_wrong_key_installs_nothing(pipeline, mlflow_server, tmp_path):
+    _, wrong = make_keys(tmp_path, "wrong")
+    root = tmp_path / "fresh"
+    r = agent_pull("cartpole@champion", mlflow_server, root, wrong, "--skip-target-check")
+    assert r.returncode == 2 and "signature: manifest signature does not match" in r.stderr
+    assert not (root / "current").exists() and not (root / "bundles").exists()
+    assert json.loads((root / "journal.jsonl").read_text().splitlines()[-1])["check"] == "signature"
+
+
+def test_target_mismatch_is_refused(pipeline, mlflow_server, workspace, tmp_path):
+    r = run_cli("sim2edge-agent", "pull", "cartpole@champion", "--registry", mlflow_server, "--root",
+                str(tmp_path / "d"), "--trust", str(workspace.keys_dir / "signing.pub"), env={"L4T_VERSION": "35.4.1"})
+    assert r.returncode == 2 and "target: bundle is for orin-jp6.1" in r.stderr
+    assert not (tmp_path / "d" / "current").exists()
+
+
+def test_failing_gate_registers_a_challenger_and_keeps_the_champion(pipeline, client):
+    from flows.sim_to_edge import sim_to_edge
+
+    weak = sim_to_edge(SimToEdgeParams(iterations=1, eval_episodes=8))
+    assert weak.alias == "challenger"
+    assert client.get_model_version_by_alias("cartpole", "champion").version == pipeline.version
+    assert client.get_model_version_by_alias("cartpole", "challenger").version == weak.version
+    assert client.get_model_version("cartpole", weak.version).tags["sim2edge.gate"] == "fail"
+
+
+def test_stage_failure_moves_no_alias_and_leaves_no_version(pipeline, client, monkeypatch):
+    import flows.sim_to_edge as flow_module
+
+    versions = {v.version for v in client.search_model_versions("name='cartpole'")}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected packaging failure")
+
+    monkeypatch.setattr(flow_module, "package", broken)
+    with pytest.raises(RuntimeError, match="injected packaging failure"):
+        flow_module.sim_to_edge(SimToEdgeParams(iterations=1, eval_episodes=4))
+    assert {v.version for v in client.search_model_versions("name='cartpole'")} == versions
+    assert client.get_model_version_by_alias("cartpole", "champion").version == pipeline.version
+    failed = client.search_runs([client.get_experiment_by_name("sim2edge/cartpole").experiment_id],
+                                filter_string="attributes.status = 'FAILED'")
+    assert {r.info.run_name for r in failed} >= {"package"}

@@ -1,0 +1,86 @@
+"""PPO training (rsl_rl), checkpoints, and ONNX export with parity."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from edge.runtime import OnnxRuntime
+from stages.export import ExportConfig, ParityError, export
+from stages.sim.params import PhysicalParams
+from stages.train import RslRlEnv, TrainConfig, load_actor, rsl_rl_config, train
+
+TINY = TrainConfig(iterations=2, num_envs=8, steps_per_env=8, hidden_dims=(16, 16))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return train(TINY, PhysicalParams(), tmp_path_factory.mktemp("ck") / "checkpoint")
+
+
+def actor_weights(path):
+    return torch.load(path, weights_only=False)["actor_state_dict"]
+
+
+def test_same_seed_same_weights_different_seed_differs(checkpoint, tmp_path):
+    again = train(TINY, PhysicalParams(), tmp_path / "again")
+    other = train(TINY.model_copy(update={"seed": 1}), PhysicalParams(), tmp_path / "other")
+    a, b, c = (actor_weights(p.path) for p in (checkpoint, again, other))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_metrics_reported_per_iteration(tmp_path):
+    seen = []
+    train(TINY, PhysicalParams(), tmp_path / "ck", on_iteration=lambda it, m: seen.append((it, m)))
+    assert [it for it, _ in seen] == [0, 1]
+    assert {"mean_return", "env_steps_per_s", "update_time_s", "collect_time_s"} <= set(seen[0][1])
+
+
+def test_checkpoint_round_trips_with_normalizer(checkpoint):
+    saved = actor_weights(checkpoint.path)
+    mean = saved["obs_normalizer._mean"]
+    assert not torch.allclose(mean, torch.zeros_like(mean)), "normalizer statistics should be trained"
+    actor = load_actor(checkpoint.path)
+    assert all(torch.equal(actor.state_dict()[k], saved[k]) for k in saved)
+
+
+def test_checkpoint_loads_into_rsl_rl_runner(checkpoint):
+    from rsl_rl.runners import OnPolicyRunner
+
+    from stages.sim.env import BatchedEnv
+    from stages.sim.registry import load
+
+    env = RslRlEnv(BatchedEnv(load("cartpole"), TINY.num_envs))
+    cfg = {**rsl_rl_config(TINY), "save_interval": 50, "logger": "tensorboard"}
+    runner = OnPolicyRunner(env, cfg, log_dir=None)
+    runner.load(str(checkpoint.path))
+    policy = runner.get_inference_policy()
+    assert torch.equal(policy.obs_normalizer._mean, actor_weights(checkpoint.path)["obs_normalizer._mean"])
+
+
+def test_export_puts_normalization_and_action_scaling_in_the_graph(checkpoint, tmp_path):
+    exported = export(ExportConfig(parity_samples=200), checkpoint, tmp_path / "onnx")
+    model = onnx.load(str(exported.path))
+    assert model.opset_import[0].version == 17
+    assert [i.name for i in model.graph.input] == ["obs"] and [o.name for o in model.graph.output] == ["action"]
+    actor = load_actor(checkpoint.path)
+    norm = actor.obs_normalizer
+    x = np.random.default_rng(0).normal(size=(50, 5)).astype(np.float32) * 3
+    with torch.no_grad():
+        z = (torch.from_numpy(x) - norm._mean) / (norm._std + norm.eps)
+        expected = torch.clamp(actor.mlp(z)[:, :1], -1, 1).numpy()  # cart-pole: scale 1, default 0
+    got = OnnxRuntime(exported.path).run(x)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    batch = OnnxRuntime(exported.path).run(np.zeros((7, 5), np.float32))
+    assert batch.shape == (7, 1)
+    golden = np.load(exported.golden)
+    np.testing.assert_allclose(OnnxRuntime(exported.path).run(golden["inputs"]), golden["outputs"], atol=1e-5)
+
+
+def test_parity_failure_names_the_worst_input(checkpoint, tmp_path):
+    with pytest.raises(ParityError, match="at input \\["):
+        export(ExportConfig(parity_samples=100, atol=1e-12, rtol=0.0), checkpoint, tmp_path / "onnx")
+    assert not (tmp_path / "onnx").exists(), "a failed export leaves no artifact"
