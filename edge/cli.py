@@ -1,4 +1,4 @@
-"""``sim2edge-agent``: pull a policy onto this device and show what is active."""
+"""``sim2edge-agent``: pull a policy onto this device, show, verify, roll back and clean up."""
 
 from __future__ import annotations
 
@@ -52,6 +52,38 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollback(args: argparse.Namespace) -> int:
+    from edge.pull import rollback
+
+    path = rollback(Path(args.root), load_trusted(args.trust), args.to)
+    print(f"rolled back: current -> {path}")
+    return 0
+
+
+def _history(args: argparse.Namespace) -> int:
+    for event in DeviceStore(Path(args.root)).history():
+        print(json.dumps(event, sort_keys=True))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from edge import bundle
+
+    current = DeviceStore(Path(args.root)).link("current")
+    if current is None:
+        print(f"no active policy in {args.root}")
+        return 1
+    manifest = bundle.verify_dir(current, load_trusted(args.trust))
+    print(f"ok: {manifest['policy']['name']} v{manifest['policy']['version']} at {current} verifies")
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    removed = DeviceStore(Path(args.root)).gc(args.keep)
+    print("removed: " + (", ".join(removed) if removed else "nothing"))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sim2edge-agent", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -68,6 +100,22 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--root", default=DEFAULT_ROOT)
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status)
+    rb = sub.add_parser("rollback", help="re-verify and activate the previous (or a named installed) version")
+    rb.add_argument("--root", default=DEFAULT_ROOT)
+    rb.add_argument("--trust", action="append", required=True, type=Path)
+    rb.add_argument("--to", help="installed version to activate (default: previous)")
+    rb.set_defaults(func=_rollback)
+    hi = sub.add_parser("history", help="print the journal: pulls, activations, refusals, rollbacks")
+    hi.add_argument("--root", default=DEFAULT_ROOT)
+    hi.set_defaults(func=_history)
+    ve = sub.add_parser("verify", help="re-verify the active bundle's signature and files")
+    ve.add_argument("--root", default=DEFAULT_ROOT)
+    ve.add_argument("--trust", action="append", required=True, type=Path)
+    ve.set_defaults(func=_verify)
+    gc = sub.add_parser("gc", help="delete old installed versions (never current or previous)")
+    gc.add_argument("--root", default=DEFAULT_ROOT)
+    gc.add_argument("--keep", type=int, default=3, help="versions to keep per policy (default: %(default)s)")
+    gc.set_defaults(func=_gc)
     return p
 
 

@@ -28,6 +28,36 @@ class PullResult:
     smoke: Optional[SmokeResult]
 
 
+def check_fresh(active: Optional[dict], policy: str, version: str) -> None:
+    """Refuse a version older than the active one (rollback attacks); rollback is its own command."""
+    if active and active["policy"]["name"] == policy and int(version) < int(active["policy"]["version"]):
+        raise CheckFailed("freshness", f"{policy} v{version} is older than the active v{active['policy']['version']}; "
+                                       f"use `sim2edge-agent rollback` to go back on purpose")
+
+
+def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Path:
+    """Re-verify an installed bundle (``previous`` by default) and make it current."""
+    store = DeviceStore(root)
+    current = store.link("current")
+    if version is None:
+        target = store.link("previous")
+        if target is None:
+            raise CheckFailed("rollback", "there is no previous policy to roll back to")
+    else:
+        if current is None:
+            raise CheckFailed("rollback", "no active policy")
+        target = store.bundle_dir(current.parent.name, version)
+        if not target.is_dir():
+            raise CheckFailed("rollback", f"{current.parent.name} v{version} is not installed "
+                                          f"(installed: {', '.join(store.installed(current.parent.name))})")
+    manifest = bundle.verify_dir(target, trusted)
+    smoke_test(target, manifest)
+    store.activate(target)
+    store.record("rollback", policy=manifest["policy"]["name"], version=str(manifest["policy"]["version"]),
+                 from_path=str(current) if current else None)
+    return target
+
+
 def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target_check: bool = False) -> PullResult:
     """Pull ``policy@alias|version`` into the store at ``root`` and activate it."""
     store = DeviceStore(root)
@@ -36,8 +66,10 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
     installed = store.bundle_dir(target_ref.policy, target_ref.version)
     if store.link("current") == installed:
         return PullResult(target_ref.policy, target_ref.version, installed, False, None)
-    staging = store.staging_dir()
+    staging = None
     try:
+        check_fresh(store.current_manifest(), target_ref.policy, target_ref.version)
+        staging = store.staging_dir()
         tar_path = staging / "bundle.tar"
         client.download(target_ref, tar_path)
         unpacked = staging / "bundle"
@@ -60,4 +92,5 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
         store.record("refused", ref=ref, check=e.check, detail=e.detail)
         raise
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)

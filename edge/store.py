@@ -90,6 +90,29 @@ class DeviceStore:
             return []
         return [json.loads(line) for line in self.journal_path.read_text().splitlines() if line.strip()]
 
+    def installed(self, policy: str) -> list:
+        """Installed versions of ``policy``, oldest first."""
+        base = self.root / "bundles" / policy
+        return sorted((p.name for p in base.iterdir() if p.is_dir()), key=int) if base.is_dir() else []
+
+    def gc(self, keep: int) -> list:
+        """Delete all but the newest ``keep`` versions of each policy, never ``current`` or ``previous``."""
+        pinned = {self.link("current"), self.link("previous")}
+        removed = []
+        for policy_dir in sorted((self.root / "bundles").glob("*")):
+            versions = self.installed(policy_dir.name)
+            for version in versions[: max(0, len(versions) - keep)]:
+                path = policy_dir / version
+                if path in pinned:
+                    continue
+                for f in [path, *path.rglob("*")]:
+                    f.chmod(0o700 if f.is_dir() else 0o600)
+                shutil.rmtree(path)
+                removed.append(f"{policy_dir.name}/{version}")
+        if removed:
+            self.record("gc", removed=removed, keep=keep)
+        return removed
+
     def current_manifest(self) -> Optional[dict]:
         current = self.link("current")
         return json.loads((current / "manifest.json").read_text()) if current else None

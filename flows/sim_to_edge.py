@@ -26,19 +26,17 @@ from stages.train import TrainConfig, train
 from stages.twin.calibrate import CalibrateConfig, calibrate
 from stages.twin.evaluate import EvalConfig, evaluate
 
-TIMINGS: dict[str, float] = {}
-
-
 @contextmanager
-def timed(name: str) -> Iterator[None]:
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Record the wall time of the block under ``name``."""
     start = time.perf_counter()
     yield
-    TIMINGS[name] = round(time.perf_counter() - start, 2)
+    timings[name] = round(time.perf_counter() - start, 2)
 
 
 @task(cache_policy=NO_CACHE)
 def collect_stage(ctx: RunContext, cfg: CollectConfig, out: Path) -> Dataset:
-    with timed("collect"), stage_run(ctx, "collect", cfg.model_dump()) as run:
+    with stage_run(ctx, "collect", cfg.model_dump()) as run:
         ds = collect(cfg, out)
         run.tags({"sim2edge.robot": f"{LABEL}:{cfg.task}", "sim2edge.dataset_digest": ds.digest})
         run.metrics({"rows": ds.rows, "episodes": ds.episodes})
@@ -48,7 +46,7 @@ def collect_stage(ctx: RunContext, cfg: CollectConfig, out: Path) -> Dataset:
 
 @task(cache_policy=NO_CACHE)
 def calibrate_stage(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out: Path) -> TwinSpec:
-    with timed("calibrate"), stage_run(ctx, "calibrate", cfg.model_dump()) as run:
+    with stage_run(ctx, "calibrate", cfg.model_dump()) as run:
         twin = calibrate(cfg, dataset, out)
         run.metrics({"replay_error_before": twin.replay_error_before, "replay_error_after": twin.replay_error_after,
                      **{f"fitted_{k}": v for k, v in twin.params.model_dump().items()}})
@@ -59,7 +57,7 @@ def calibrate_stage(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out
 
 @task(cache_policy=NO_CACHE)
 def train_stage(ctx: RunContext, cfg: TrainConfig, twin: PhysicalParams, out: Path) -> Checkpoint:
-    with timed("train"), stage_run(ctx, "train", cfg.model_dump()) as run, Progress(transient=True) as bar:
+    with stage_run(ctx, "train", cfg.model_dump()) as run, Progress(transient=True) as bar:
         job = bar.add_task(f"PPO {cfg.task}", total=cfg.iterations)
 
         def report(it: int, metrics: dict[str, float]) -> None:
@@ -73,7 +71,7 @@ def train_stage(ctx: RunContext, cfg: TrainConfig, twin: PhysicalParams, out: Pa
 
 @task(cache_policy=NO_CACHE)
 def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path) -> ExportedPolicy:
-    with timed("export"), stage_run(ctx, "export", cfg.model_dump()) as run:
+    with stage_run(ctx, "export", cfg.model_dump()) as run:
         policy = export(cfg, ckpt, out)
         run.metrics({"parity_max_abs_error": policy.parity_max_abs_error})
         run.artifact(out, "onnx")
@@ -83,7 +81,7 @@ def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path
 @task(cache_policy=NO_CACHE)
 def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: SimToEdgeParams, policy: ExportedPolicy,
                    twin: TwinSpec, out: Path) -> EvalReport:
-    with timed("evaluate"), stage_run(ctx, "evaluate", {**cfg.model_dump(), **params.gate.model_dump()}) as run:
+    with stage_run(ctx, "evaluate", {**cfg.model_dump(), **params.gate.model_dump()}) as run:
         report = evaluate(cfg, params.gate, policy, twin, out)
         run.metrics({"success_rate": report.success_rate, "mean_return": report.mean_return})
         run.tags({"sim2edge.gate": "pass" if report.passed else "fail"})
@@ -97,7 +95,7 @@ def package_and_register(ctx: RunContext, params: SimToEdgeParams, ws: Workspace
     """Reserve a model version, write the signed bundle for it, log it, then tag and move the alias."""
     cfg = PackageConfig(target=params.target)
     client = ctx.client
-    with timed("package"), stage_run(ctx, "package", cfg.model_dump()) as run:
+    with stage_run(ctx, "package", cfg.model_dump()) as run:
         version = models.reserve_version(client, params.task, run.run_id, run.artifact_uri + "/bundle",
                                          {"sim2edge.target": cfg.target})
         try:
@@ -111,7 +109,7 @@ def package_and_register(ctx: RunContext, params: SimToEdgeParams, ws: Workspace
         except BaseException:
             client.delete_model_version(params.task, version)
             raise
-    with timed("register"), stage_run(ctx, "register", {"model": params.task, "version": version}) as run:
+    with stage_run(ctx, "register", {"model": params.task, "version": version}) as run:
         alias = models.publish(client, params.task, version, bundle_path, bundle.digest, bundle.path.stat().st_size,
                                report.passed and params.promote,
                                {"sim2edge.success_rate": report.success_rate, "sim2edge.mean_return": report.mean_return,
@@ -142,17 +140,24 @@ def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
     ctx = start_pipeline(tracking_uri, f"sim2edge/{params.task}", ws.artifact_root(), f"sim-to-edge {params.task}",
                          {"sim2edge.task": params.task, "sim2edge.target": params.target, "sim2edge.robot": LABEL})
     out = ws.runs / ctx.parent_run_id
-    TIMINGS.clear()
+    timings: dict[str, float] = {}
     try:
-        ds = collect_stage(ctx, CollectConfig(task=params.task, episodes=params.collect_episodes, seed=params.seed),
-                           out / "dataset")
-        twin = calibrate_stage(ctx, CalibrateConfig(seed=params.seed), ds, out / "twin")
-        ckpt = train_stage(ctx, TrainConfig(task=params.task, iterations=params.iterations, num_envs=params.num_envs,
-                                            seed=params.seed), twin.params, out / "checkpoint")
-        policy = export_stage(ctx, ExportConfig(seed=params.seed), ckpt, out / "onnx")
-        report = evaluate_stage(ctx, EvalConfig(episodes=params.eval_episodes, seed=params.seed + 1000), params,
-                                policy, twin, out / "evaluation")
-        bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle")
+        with timed(timings, "collect"):
+            ds = collect_stage(ctx, CollectConfig(task=params.task, episodes=params.collect_episodes, seed=params.seed),
+                               out / "dataset")
+        with timed(timings, "calibrate"):
+            twin = calibrate_stage(ctx, CalibrateConfig(seed=params.seed), ds, out / "twin")
+        with timed(timings, "train"):
+            ckpt = train_stage(ctx, TrainConfig(task=params.task, iterations=params.iterations,
+                                                num_envs=params.num_envs, seed=params.seed), twin.params, out / "checkpoint")
+        with timed(timings, "export"):
+            policy = export_stage(ctx, ExportConfig(seed=params.seed), ckpt, out / "onnx")
+        with timed(timings, "evaluate"):
+            report = evaluate_stage(ctx, EvalConfig(episodes=params.eval_episodes, seed=params.seed + 1000), params,
+                                    policy, twin, out / "evaluation")
+        with timed(timings, "package + register"):
+            bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report,
+                                                          out / "bundle")
     except BaseException:
         finish_pipeline(ctx, ok=False)
         raise
@@ -161,7 +166,7 @@ def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
         policy=params.task, version=version, alias=alias, success_rate=report.success_rate,
         mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,
         mlflow_run_id=ctx.parent_run_id, tracking_uri=tracking_uri,
-        pull_command=pull_command(params.task, alias, ws, tracking_uri), stage_seconds=dict(TIMINGS),
+        pull_command=pull_command(params.task, alias, ws, tracking_uri), stage_seconds=timings,
     )
     create_markdown_artifact(key="sim-to-edge-summary", markdown=summary_markdown(summary),
                              description=f"{params.task} v{version} → {alias}")

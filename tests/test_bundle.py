@@ -181,3 +181,10 @@ def test_golden_mismatch_and_too_slow_fail_the_smoke_test(tmp_path, keys):
 def test_private_key_is_created_private(tmp_path):
     priv, _ = make_keys(tmp_path)
     assert os.stat(priv).st_mode & 0o077 == 0
+
+
+def test_rollback_without_previous_is_refused(tmp_path, keys):
+    from edge.pull import rollback
+
+    with pytest.raises(CheckFailed, match="rollback: there is no previous policy"):
+        rollback(tmp_path / "store", signing.load_trusted([keys[1]]))

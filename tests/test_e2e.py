@@ -134,3 +134,24 @@ def test_stage_failure_moves_no_alias_and_leaves_no_version(pipeline, client, mo
     failed = client.search_runs([client.get_experiment_by_name("sim2edge/cartpole").experiment_id],
                                 filter_string="attributes.status = 'FAILED'")
     assert {r.info.run_name for r in failed} >= {"package"}
+
+
+def test_newer_version_then_refused_downgrade_then_rollback(pipeline, client, mlflow_server, workspace, tmp_path):
+    root, trust = tmp_path / "device", workspace.keys_dir / "signing.pub"
+    newer = client.get_model_version_by_alias("cartpole", "challenger").version  # from the failing-gate test
+    assert int(newer) > int(pipeline.version)
+    assert agent_pull(f"cartpole@{pipeline.version}", mlflow_server, root, trust, "--skip-target-check").returncode == 0
+    assert agent_pull("cartpole@challenger", mlflow_server, root, trust, "--skip-target-check").returncode == 0
+    store = DeviceStore(root)
+    assert store.link("current").name == newer and store.link("previous").name == pipeline.version
+    old = agent_pull(f"cartpole@{pipeline.version}", mlflow_server, root, trust, "--skip-target-check")
+    assert old.returncode == 2 and "freshness:" in old.stderr
+    assert store.link("current").name == newer
+    back = run_cli("sim2edge-agent", "rollback", "--root", str(root), "--trust", str(trust))
+    assert back.returncode == 0, back.stderr
+    assert store.link("current").name == pipeline.version and store.link("previous").name == newer
+    assert run_cli("sim2edge-agent", "verify", "--root", str(root), "--trust", str(trust)).returncode == 0
+    events = [json.loads(line)["event"] for line in run_cli("sim2edge-agent", "history", "--root", str(root)).stdout.splitlines()]
+    assert events == ["activate", "activate", "refused", "rollback"]
+    gc = run_cli("sim2edge-agent", "gc", "--root", str(root), "--keep", "0")
+    assert gc.returncode == 0 and "removed: nothing" in gc.stdout  # both are pinned as current/previous
