@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
+from edge.policy import Policy
 from edge.runtime import OnnxRuntime
 from edge.store import DeviceStore
 from flows.params import SimToEdgeParams
@@ -70,6 +71,10 @@ def test_agent_pulls_verifies_and_runs_the_policy(pipeline, mlflow_server, works
     task = load("cartpole")
     result = run_episodes(OnnxRuntime(current / "policy.onnx"), BatchedEnv(task, 8, seed=77))
     assert result["success"].mean() >= 0.75
+    policy = Policy.load(root)
+    policy.check_names([o.name for o in task.observations])
+    obs = BatchedEnv(task, 4, seed=5).observe()
+    np.testing.assert_allclose(policy.act(obs), OnnxRuntime(current / "policy.onnx").run(obs), atol=1e-6)
     again = agent_pull(f"cartpole@{pipeline.version}", mlflow_server, root, trust, "--skip-target-check")
     assert again.returncode == 0 and "already active" in again.stdout
 

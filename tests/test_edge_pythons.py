@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 JETPACK_PYTHONS = {"3.8": "JetPack 5", "3.10": "JetPack 6", "3.12": "JetPack 7"}
 CHECK = """
 import sys, tempfile, pathlib
-from edge import bundle, signing, smoke
+from edge import bundle, signing, smoke, policy, cli, pull
 tar, pub = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 d = pathlib.Path(tempfile.mkdtemp())
 bundle.extract(tar, d, 1 << 24)

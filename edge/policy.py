@@ -1,0 +1,58 @@
+"""The on-device policy API: ``Policy.load(root).act(obs)``, with the bundle's I/O contract enforced.
+
+Observation and action names, order and limits come from the manifest; nothing is hard-coded.
+Non-finite observations or actions yield the safe default action and are counted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from edge.runtime import OnnxRuntime
+from edge.store import DeviceStore
+
+
+class Policy:
+    def __init__(self, bundle_dir: Path, manifest: dict) -> None:
+        io = manifest["io"]
+        self.manifest = manifest
+        self.obs_names = [t["name"] for t in io["input"]["terms"]]
+        self.action_names = [t["name"] for t in io["output"]["terms"]]
+        self.low = np.asarray(io["output"]["low"], dtype=np.float32)
+        self.high = np.asarray(io["output"]["high"], dtype=np.float32)
+        self.default = np.asarray(io["output"]["default"], dtype=np.float32)
+        self.period_s = float(manifest["control"]["period_s"])
+        self.runtime = OnnxRuntime(bundle_dir / "policy.onnx", manifest["runtime"]["onnxruntime_providers"])
+        self.unsafe_count = 0
+
+    @classmethod
+    def load(cls, root: Path) -> "Policy":
+        """The active policy of the device store at ``root``."""
+        current = DeviceStore(root).link("current")
+        if current is None:
+            raise FileNotFoundError(f"no active policy in {root}")
+        return cls(current, json.loads((current / "manifest.json").read_text()))
+
+    def check_names(self, names: Sequence[str]) -> None:
+        """Refuse an observation layout that differs from the bundle's."""
+        if list(names) != self.obs_names:
+            raise ValueError(f"observation names {list(names)} do not match the bundle's {self.obs_names}")
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        """(obs_dim,) or (B, obs_dim) observations → actions clamped to the manifest's limits."""
+        x = np.asarray(obs, dtype=np.float32)
+        single = x.ndim == 1
+        x = x[None] if single else x
+        if x.shape[1] != len(self.obs_names):
+            raise ValueError(f"observation has {x.shape[1]} values, the bundle expects {len(self.obs_names)} "
+                             f"({', '.join(self.obs_names)})")
+        finite = np.isfinite(x).all(axis=1)
+        out = self.runtime.run(np.where(finite[:, None], x, 0.0).astype(np.float32))
+        safe = finite & np.isfinite(out).all(axis=1)
+        self.unsafe_count += int((~safe).sum())
+        out = np.where(safe[:, None], np.clip(out, self.low, self.high), self.default)
+        return out[0] if single else out

@@ -1,0 +1,58 @@
+"""``Policy.load(root).act(obs)``: the manifest's contract, clamping and the NaN guard."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge import bundle, signing
+from edge.policy import Policy
+from edge.store import DeviceStore
+from tests.bundles import golden, make_keys, manifest, tiny_onnx
+
+
+@pytest.fixture()
+def root(tmp_path):
+    priv, pub = make_keys(tmp_path)
+    m = dict(manifest(), io={
+        "input": {"terms": [{"name": n, "unit": "1"} for n in "abcde"]},
+        "output": {"terms": [{"name": "u", "unit": "N"}], "low": [-0.5], "high": [0.8], "default": [0.1]},
+    })
+    bundle.write_bundle(tmp_path / "b.tar", {"policy.onnx": tiny_onnx(), "golden.npz": golden()}, m,
+                        signing.load_private(priv).sign)
+    store = DeviceStore(tmp_path / "store")
+    staged = store.staging_dir()
+    bundle.extract(tmp_path / "b.tar", staged, 1 << 24)
+    bundle.verify_dir(staged, signing.load_trusted([pub]))
+    store.activate(store.install(staged, "tiny", "1"))
+    return store.root
+
+
+def test_act_clamps_to_manifest_limits(root):
+    policy = Policy.load(root)
+    assert policy.act(np.full(5, 10.0)) == pytest.approx([0.8])  # graph gives 1.0, manifest caps at 0.8
+    assert policy.act(np.full(5, -10.0)) == pytest.approx([-0.5])
+    batch = policy.act(np.zeros((3, 5)))
+    assert batch.shape == (3, 1) and np.allclose(batch, 0.0)
+
+
+def test_nan_observation_gives_default_action_and_is_counted(root):
+    policy = Policy.load(root)
+    obs = np.zeros((2, 5))
+    obs[1, 2] = np.nan
+    out = policy.act(obs)
+    assert out[0, 0] == 0.0 and out[1, 0] == pytest.approx(0.1)
+    assert policy.unsafe_count == 1
+
+
+def test_wrong_observation_layout_is_refused(root):
+    policy = Policy.load(root)
+    with pytest.raises(ValueError, match="expects 5"):
+        policy.act(np.zeros(4))
+    with pytest.raises(ValueError, match="do not match"):
+        policy.check_names(["a", "b", "c", "e", "d"])
+
+
+def test_load_without_active_policy(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no active policy"):
+        Policy.load(tmp_path)
