@@ -46,13 +46,17 @@ class Policy:
         """(obs_dim,) or (B, obs_dim) observations → actions clamped to the manifest's limits."""
         x = np.asarray(obs, dtype=np.float32)
         single = x.ndim == 1
-        x = x[None] if single else x
+        if single:
+            x = x.reshape(1, -1)
         if x.shape[1] != len(self.obs_names):
             raise ValueError(f"observation has {x.shape[1]} values, the bundle expects {len(self.obs_names)} "
                              f"({', '.join(self.obs_names)})")
-        finite = np.isfinite(x).all(axis=1)
-        out = self.runtime.run(np.where(finite[:, None], x, 0.0).astype(np.float32))
-        safe = finite & np.isfinite(out).all(axis=1)
-        self.unsafe_count += int((~safe).sum())
-        out = np.where(safe[:, None], np.clip(out, self.low, self.high), self.default)
+        finite_in = np.isfinite(x).all()
+        out = self.runtime.run(x if finite_in else np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
+        if not (finite_in and np.isfinite(out).all()):
+            # rare path: rows with a non-finite observation or action get the safe default
+            safe = np.isfinite(x).all(axis=1) & np.isfinite(out).all(axis=1)
+            self.unsafe_count += int((~safe).sum())
+            out[~safe] = self.default
+        np.minimum(np.maximum(out, self.low, out=out), self.high, out=out)
         return out[0] if single else out
