@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,8 +121,6 @@ def package_and_register(ctx: RunContext, params: SimToEdgeParams, ws: Workspace
 
 
 def _git_commit() -> str:
-    import subprocess
-
     out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
     return out.stdout.strip() or "unknown"
 

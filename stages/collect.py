@@ -10,7 +10,8 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from stages import logs, standin
-from stages.artifacts import Dataset, atomic_dir, sha256_file, sha256_json
+from edge.bundle import sha256_path
+from stages.artifacts import Dataset, atomic_dir, sha256_json
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
 
@@ -63,7 +64,7 @@ def collect(cfg: CollectConfig, out_dir: Path) -> Dataset:
     ])
     with atomic_dir(out_dir) as tmp:
         logs.write(table, tmp / "part-000.parquet")
-        files = [{"name": "part-000.parquet", "sha256": sha256_file(tmp / "part-000.parquet"), "rows": table.num_rows}]
+        files = [{"name": "part-000.parquet", "sha256": sha256_path(tmp / "part-000.parquet"), "rows": table.num_rows}]
         manifest = {
             "schema_version": logs.SCHEMA_VERSION,
             "task": task.name,

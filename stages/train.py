@@ -20,7 +20,8 @@ from rsl_rl.algorithms import PPO
 from rsl_rl.env import VecEnv
 from tensordict import TensorDict
 
-from stages.artifacts import Checkpoint, atomic_dir, sha256_file
+from edge.bundle import sha256_path
+from stages.artifacts import Checkpoint, atomic_dir
 from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
@@ -154,7 +155,7 @@ def train(
     with atomic_dir(out_dir) as tmp:
         torch.save({**alg.save(), "iter": cfg.iterations, "infos": infos}, tmp / "model.pt")
     path = out_dir / "model.pt"
-    return Checkpoint(path=path, digest=sha256_file(path), task=task.name, iterations=cfg.iterations,
+    return Checkpoint(path=path, digest=sha256_path(path), task=task.name, iterations=cfg.iterations,
                       final_return=last_return, hidden_dims=cfg.hidden_dims)
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge.bundle import sha256_path
 from edge.runtime import OnnxRuntime
-from stages.artifacts import EvalReport, ExportedPolicy, TwinSpec, atomic_dir, sha256_file
+from stages.artifacts import EvalReport, ExportedPolicy, TwinSpec, atomic_dir
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
 from stages.twin.gate import GateConfig, decide
@@ -69,5 +70,5 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
     with atomic_dir(out_dir) as tmp:
         (tmp / "report.json").write_text(json.dumps(report, indent=2))
     path = out_dir / "report.json"
-    return EvalReport(path=path, digest=sha256_file(path), episodes=cfg.episodes, success_rate=success_rate,
+    return EvalReport(path=path, digest=sha256_path(path), episodes=cfg.episodes, success_rate=success_rate,
                       mean_return=mean_return, passed=passed, reasons=reasons)
