@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 
 import typer
@@ -108,4 +110,6 @@ def targets(as_json: bool = typer.Option(False, "--json")) -> None:
 
 
 def main() -> None:
+    # like `python -m`, make the working directory importable, for `--task mypkg.mymodule:MyTask`
+    sys.path.insert(0, os.getcwd())
     app()

@@ -23,6 +23,11 @@ class SimToEdgeParams(BaseModel):
     gate: GateConfig = Field(default_factory=GateConfig, description="Floors the policy must clear.")
     promote: bool = Field(True, description="Set `champion` when the gate passes (else always `challenger`).")
 
+    @property
+    def policy_name(self) -> str:
+        """The registered model's name: the task's own name (also for a ``module:Class`` task)."""
+        return load(self.task).name
+
     @field_validator("task")
     @classmethod
     def _known_task(cls, v: str) -> str:

@@ -97,21 +97,21 @@ def package_and_register(ctx: RunContext, params: SimToEdgeParams, ws: Workspace
     cfg = PackageConfig(target=params.target)
     client = ctx.client
     with stage_run(ctx, "package", cfg.model_dump()) as run:
-        version = models.reserve_version(client, params.task, run.run_id, run.artifact_uri + "/bundle",
+        version = models.reserve_version(client, params.policy_name, run.run_id, run.artifact_uri + "/bundle",
                                          {"sim2edge.target": cfg.target})
         try:
             provenance = {"mlflow_run_id": ctx.parent_run_id, "package_run_id": run.run_id,
                           "model_version": version, "git_commit": _git_commit()}
-            manifest = manifest_for(cfg, params.task, version, policy, report, ckpt, twin, ds, provenance)
+            manifest = manifest_for(cfg, params.policy_name, version, policy, report, ckpt, twin, ds, provenance)
             bundle = package(cfg, manifest, policy, ws.keys_dir, out / "bundle.tar")
             run.artifact(bundle.path, "bundle")
             run.tags({"sim2edge.bundle_sha256": bundle.digest, "sim2edge.model_version": version})
             bundle_path = models.proxy_path(run.artifact_uri + "/bundle/bundle.tar", ws.artifact_root())
         except BaseException:
-            client.delete_model_version(params.task, version)
+            client.delete_model_version(params.policy_name, version)
             raise
-    with stage_run(ctx, "register", {"model": params.task, "version": version}) as run:
-        alias = models.publish(client, params.task, version, bundle_path, bundle.digest, bundle.path.stat().st_size,
+    with stage_run(ctx, "register", {"model": params.policy_name, "version": version}) as run:
+        alias = models.publish(client, params.policy_name, version, bundle_path, bundle.digest, bundle.path.stat().st_size,
                                report.passed and params.promote,
                                {"sim2edge.success_rate": report.success_rate, "sim2edge.mean_return": report.mean_return,
                                 "sim2edge.dataset_digest": ds.digest, "sim2edge.twin_digest": twin.digest,
@@ -136,7 +136,7 @@ def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
     """The whole chain for one task and target, tracked in MLflow, ending in a registered bundle."""
     ws = Workspace.from_env()
     tracking_uri = ws.tracking_uri()
-    ctx = start_pipeline(tracking_uri, f"sim2edge/{params.task}", ws.artifact_root(), f"sim-to-edge {params.task}",
+    ctx = start_pipeline(tracking_uri, f"sim2edge/{params.policy_name}", ws.artifact_root(), f"sim-to-edge {params.policy_name}",
                          {"sim2edge.task": params.task, "sim2edge.target": params.target, "sim2edge.robot": LABEL})
     out = ws.runs / ctx.parent_run_id
     timings: dict[str, float] = {}
@@ -162,13 +162,13 @@ def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
         raise
     finish_pipeline(ctx, ok=True)
     summary = PipelineSummary(
-        policy=params.task, version=version, alias=alias, success_rate=report.success_rate,
+        policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
         mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,
         mlflow_run_id=ctx.parent_run_id, tracking_uri=tracking_uri,
-        pull_command=pull_command(params.task, alias, ws, tracking_uri), stage_seconds=timings,
+        pull_command=pull_command(params.policy_name, alias, ws, tracking_uri), stage_seconds=timings,
     )
     create_markdown_artifact(key="sim-to-edge-summary", markdown=summary_markdown(summary),
-                             description=f"{params.task} v{version} → {alias}")
+                             description=f"{params.policy_name} v{version} → {alias}")
     return summary
 
 

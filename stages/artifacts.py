@@ -35,6 +35,8 @@ def atomic_dir(final: Path) -> Iterator[Path]:
 
 
 class Artifact(BaseModel):
+    """Every artifact's ``task`` is the task reference it was made with (a name or ``module:Class``)."""
+
     model_config = ConfigDict(frozen=True)
     path: Path
     digest: str

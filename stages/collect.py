@@ -67,7 +67,7 @@ def collect(cfg: CollectConfig, out_dir: Path) -> Dataset:
         files = [{"name": "part-000.parquet", "sha256": sha256_path(tmp / "part-000.parquet"), "rows": table.num_rows}]
         manifest = {
             "schema_version": logs.SCHEMA_VERSION,
-            "task": task.name,
+            "task": cfg.task,
             "robot": standin.robot_id(task.name),
             "source": f"{standin.LABEL} rollouts (random excitation)",
             "episodes": cfg.episodes,
@@ -77,5 +77,5 @@ def collect(cfg: CollectConfig, out_dir: Path) -> Dataset:
         }
         manifest["digest"] = sha256_json(files)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return Dataset(path=out_dir, digest=manifest["digest"], task=task.name, source=manifest["source"],
+    return Dataset(path=out_dir, digest=manifest["digest"], task=cfg.task, source=manifest["source"],
                    episodes=cfg.episodes, rows=table.num_rows)

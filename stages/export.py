@@ -89,5 +89,5 @@ def export(cfg: ExportConfig, checkpoint: Checkpoint, out_dir: Path) -> Exported
                               f"(atol {cfg.atol}, rtol {cfg.rtol}) at input {x[worst].tolist()}")
         golden = x[: cfg.golden_samples]
         np.savez(tmp / "golden.npz", inputs=golden, outputs=expected[: cfg.golden_samples])
-    return ExportedPolicy(path=out_dir / "policy.onnx", digest=sha256_path(out_dir / "policy.onnx"), task=task.name,
+    return ExportedPolicy(path=out_dir / "policy.onnx", digest=sha256_path(out_dir / "policy.onnx"), task=checkpoint.task,
                           opset=cfg.opset, parity_max_abs_error=float(err.max()), golden=out_dir / "golden.npz")

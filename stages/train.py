@@ -151,11 +151,11 @@ def train(
         vec_env.finished_success.clear()
         if on_iteration:
             on_iteration(it, metrics)
-    infos = {"task": task.name, "hidden_dims": list(cfg.hidden_dims), "config": cfg.model_dump(mode="json")}
+    infos = {"task": cfg.task, "hidden_dims": list(cfg.hidden_dims), "config": cfg.model_dump(mode="json")}
     with atomic_dir(out_dir) as tmp:
         torch.save({**alg.save(), "iter": cfg.iterations, "infos": infos}, tmp / "model.pt")
     path = out_dir / "model.pt"
-    return Checkpoint(path=path, digest=sha256_path(path), task=task.name, iterations=cfg.iterations,
+    return Checkpoint(path=path, digest=sha256_path(path), task=cfg.task, iterations=cfg.iterations,
                       final_return=last_return, hidden_dims=cfg.hidden_dims)
 
 

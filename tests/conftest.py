@@ -59,8 +59,9 @@ def prefect_harness(workspace: Workspace):
         yield
 
 
-def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run a console script of this venv as a subprocess."""
+def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None,
+            unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Run a console script of this venv as a subprocess (``unset`` drops variables from its environment)."""
     exe = Path(sys.executable).parent / args[0]
-    return subprocess.run([str(exe), *args[1:]], capture_output=True, text=True, env={**os.environ, **(env or {})},
-                          cwd=cwd, timeout=600)
+    full = {k: v for k, v in {**os.environ, **(env or {})}.items() if k not in unset}
+    return subprocess.run([str(exe), *args[1:]], capture_output=True, text=True, env=full, cwd=cwd, timeout=600)

@@ -112,7 +112,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     sigma = optimizer._sigma * np.sqrt(np.diag(optimizer._C))
     uncertainty = {name: float(s) for name, s in zip(FITTED, sigma)}
     spec = {
-        "task": task.name,
+        "task": dataset.task,
         "params": fitted.model_dump(),
         "prior": prior.model_dump(),
         "uncertainty": uncertainty,
@@ -125,5 +125,5 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     digest = sha256_json(spec)
     with atomic_dir(out_dir) as tmp:
         (tmp / "twin.json").write_text(json.dumps({**spec, "digest": digest}, indent=2))
-    return TwinSpec(path=out_dir / "twin.json", digest=digest, task=task.name, params=fitted, uncertainty=uncertainty,
+    return TwinSpec(path=out_dir / "twin.json", digest=digest, task=dataset.task, params=fitted, uncertainty=uncertainty,
                     dataset_digest=dataset.digest, replay_error_before=before, replay_error_after=after)

@@ -54,7 +54,7 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
     success_rate, mean_return = float(result["success"].mean()), float(result["returns"].mean())
     passed, reasons = decide(gate, success_rate, mean_return, result["nan_actions"])
     report = {
-        "task": task.name,
+        "task": policy.task,
         "twin_digest": twin.digest,
         "policy_digest": policy.digest,
         "episodes": cfg.episodes,

@@ -1,0 +1,1 @@
+"""Worked examples of using sim2edge with your own robot."""
