@@ -61,6 +61,7 @@ class BatchedEnv:
         self.state = np.zeros((num_envs, nstate))
         self._state_out = np.zeros((num_envs, task.decimation, nstate))
         self._sens_out = np.zeros((num_envs, task.decimation, nominal.nsensordata))
+        self._control = np.zeros((num_envs, task.decimation, nominal.nu))
         max_latency = self.centre.latency_steps + 1
         self._action_queue = np.zeros((max_latency, num_envs, self.nu), dtype=np.float32)
         self.episode_step = np.zeros(num_envs, dtype=np.int64)
@@ -106,18 +107,20 @@ class BatchedEnv:
         queue[0] = np.clip(action, -1.0, 1.0)
         return queue
 
+    def _controls(self, queue: np.ndarray) -> np.ndarray:
+        """Actuator controls from an action queue (newest first), after the action latency."""
+        return self.task.action_default + self.task.action_scale * queue[self.centre.latency_steps]
+
     def controls_preview(self, action: np.ndarray) -> np.ndarray:
-        """Actuator controls that ``step(action)`` will apply (after the action latency)."""
-        delayed = self._push(action)[self.centre.latency_steps]
-        return self.task.action_default + self.task.action_scale * delayed
+        """Actuator controls that ``step(action)`` will apply."""
+        return self._controls(self._push(action))
 
     def step(self, action: np.ndarray) -> StepResult:
         """Hold ``action`` (N, nu) for one control period, then compute terms and auto-reset."""
-        ctrl = self.controls_preview(np.asarray(action, dtype=np.float32))
-        self._action_queue = self._push(action)
-        control = np.repeat(ctrl[:, None, :].astype(np.float64), self.task.decimation, axis=1)
+        self._action_queue = self._push(np.asarray(action, dtype=np.float32))
+        self._control[:] = self._controls(self._action_queue)[:, None, :]
         self._pool.rollout(
-            self.models, self._datas, self.state, control,
+            self.models, self._datas, self.state, self._control,
             nstep=self.task.decimation, skip_checks=True, state=self._state_out, sensordata=self._sens_out,
         )
         self.state[:] = self._state_out[:, -1]

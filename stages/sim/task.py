@@ -71,13 +71,13 @@ class Task:
     def act_dim(self) -> int:
         return len(self.actions)
 
-    @property
+    @cached_property
     def action_scale(self) -> np.ndarray:
         """Half-width of each actuator's control range: ctrl = default + scale * action."""
         low, high = self.model.actuator_ctrlrange.T
         return ((high - low) / 2).astype(np.float32)
 
-    @property
+    @cached_property
     def action_default(self) -> np.ndarray:
         low, high = self.model.actuator_ctrlrange.T
         return ((high + low) / 2).astype(np.float32)
