@@ -27,7 +27,7 @@ STAGES = {"collect", "calibrate", "train", "export", "evaluate", "package", "reg
 def pipeline(mlflow_server, prefect_harness):
     from flows.sim_to_edge import sim_to_edge
 
-    return sim_to_edge(SimToEdgeParams(iterations=100, eval_episodes=16))
+    return sim_to_edge(SimToEdgeParams(iterations=100, eval_episodes=32))
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from stages.artifacts import EvalReport, ExportedPolicy, TwinSpec, atomic_dir
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
 from stages.twin.gate import GateConfig, decide
+from stages.twin.stats import bootstrap_mean, wilson
 
 
 class EvalConfig(BaseModel):
@@ -52,7 +53,9 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
     env = BatchedEnv(task, cfg.episodes, params=twin.params, seed=cfg.seed)
     result = run_episodes(OnnxRuntime(policy.path), env)
     success_rate, mean_return = float(result["success"].mean()), float(result["returns"].mean())
-    passed, reasons = decide(gate, success_rate, mean_return, result["nan_actions"])
+    success_ci = wilson(int(result["success"].sum()), cfg.episodes)
+    return_ci = bootstrap_mean(result["returns"], seed=cfg.seed)
+    passed, reasons = decide(gate, success_ci[0], return_ci[0], result["nan_actions"])
     report = {
         "task": policy.task,
         "twin_digest": twin.digest,
@@ -60,7 +63,9 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
         "episodes": cfg.episodes,
         "seed": cfg.seed,
         "success_rate": success_rate,
+        "success_rate_ci95": list(success_ci),
         "mean_return": mean_return,
+        "mean_return_ci95": list(return_ci),
         "return_std": float(result["returns"].std()),
         "nan_actions": result["nan_actions"],
         "gate": gate.model_dump(),
