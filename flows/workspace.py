@@ -80,6 +80,8 @@ class Workspace(BaseModel):
         """Point Prefect at this workspace (call before importing prefect)."""
         os.environ.setdefault("PREFECT_HOME", str(self.prefect_home))
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        # the temporary local API takes ~18 s to start on 2 loaded cores; Prefect's default limit is 20 s
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
         up = self.services().get("prefect")
         if up and not os.environ.get("PREFECT_API_URL"):
             os.environ["PREFECT_API_URL"] = up + "/api"
