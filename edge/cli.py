@@ -37,6 +37,7 @@ def _status(args: argparse.Namespace) -> int:
         print(f"no active policy in {args.root}")
         return 1
     last = next((e for e in reversed(store.history()) if e["event"] == "activate"), {})
+    previous = store.link("previous")
     info = {
         "policy": manifest["policy"]["name"],
         "version": manifest["policy"]["version"],
@@ -46,7 +47,7 @@ def _status(args: argparse.Namespace) -> int:
         "run_id": manifest["provenance"].get("mlflow_run_id"),
         "bundle_sha256": last.get("bundle_sha256"),
         "evaluation": manifest.get("evaluation"),
-        "previous": str(store.link("previous")) if store.link("previous") else None,
+        "previous": str(previous) if previous else None,
     }
     print(json.dumps(info, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in info.items()))
     return 0

@@ -6,7 +6,6 @@ import io
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from edge import bundle, signing
