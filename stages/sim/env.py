@@ -136,5 +136,7 @@ class BatchedEnv:
         done = terminated | truncated
         returns = self.episode_return[done].copy()
         success = truncated[done] & (returns >= self.task.success_threshold)
+        if done.any():
+            success &= self.task.succeeded(qpos[done], qvel[done])
         obs = self.reset(done) if done.any() else self.observe()
         return StepResult(obs, reward, terminated, truncated, done, returns, success)

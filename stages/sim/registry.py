@@ -9,6 +9,7 @@ from stages.sim.task import Task
 
 _FACTORIES: dict[str, str | Callable[[], Task]] = {
     "cartpole": "stages.sim.cartpole:CartPole",
+    "reacher": "stages.sim.reacher:Reacher",
 }
 _BUILT: dict[str, Task] = {}
 

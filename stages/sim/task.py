@@ -35,7 +35,7 @@ class Task:
     episode_steps: int
     randomization: Randomization = field(default_factory=Randomization)
     success_threshold: float = 0.0
-    """An episode succeeds when it is not terminated early and its return reaches this."""
+    """An episode succeeds when it is not terminated early, its return reaches this and ``succeeded`` holds."""
     mass_bodies: tuple[str, ...] = ()
     """Bodies whose mass the ``mass`` parameter scales (the payload); empty = every body but the world."""
 
@@ -96,6 +96,10 @@ class Task:
 
     def terminated(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
         raise NotImplementedError
+
+    def succeeded(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        """(N,) bool: whether the final state of an episode counts as success (default: always)."""
+        return np.ones(len(qpos), dtype=bool)
 
     def validate(self) -> None:
         """Fail at registration with the offending term named."""
