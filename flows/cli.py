@@ -6,10 +6,13 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from flows.workspace import Workspace
 
@@ -51,6 +54,95 @@ def run(
     console.print(table)
     console.print("Pull it onto a device (with `sim2edge up` running):")
     console.print(s.pull_command, soft_wrap=True, markup=False, highlight=False)
+
+
+def _standalone(ws: Workspace, task: str):
+    """The MLflow context a single-stage command logs to: the task's experiment, no parent run."""
+    from registry.tracking import standalone
+    from stages.sim.registry import load
+
+    return standalone(ws.tracking_uri(), f"sim2edge/{load(task).name}", ws.artifact_root())
+
+
+def _check_task(task: str) -> None:
+    from stages.sim.registry import load
+
+    try:
+        load(task)
+    except (KeyError, ImportError, AttributeError, ValueError) as e:
+        console.print(f"[red]error[/red]: --task: {str(e).strip(chr(34))}")
+        raise typer.Exit(2)
+
+
+@app.command()
+def collect(
+    task: str = typer.Option("cartpole", help="Registered task or module:Class."),
+    source: str = typer.Option("standin", help="standin (record the reference-robot stand-in), folder or registry."),
+    folder: Optional[Path] = typer.Option(None, help="Log folder to ingest (with --source folder)."),
+    episodes: int = typer.Option(16, help="Stand-in episodes to record."),
+    seed: int = typer.Option(0, help="Stand-in seed."),
+) -> None:
+    """Ingest new robot logs into the task's versioned dataset store; bad files are quarantined."""
+    from flows.steps import collect_step
+    from stages.collect.ingest import StandinConfig
+
+    if source not in ("standin", "folder", "registry"):
+        console.print(f"[red]error[/red]: --source {source!r}: choose standin, folder or registry")
+        raise typer.Exit(2)
+    _check_task(task)
+    ws = Workspace.from_env()
+    try:
+        report = collect_step(_standalone(ws, task), ws, task, source, StandinConfig(episodes=episodes, seed=seed), folder)
+    except (ValueError, FileNotFoundError) as e:
+        console.print(Text.assemble(("error", "red"), f": {e}"), soft_wrap=True)
+        raise typer.Exit(1)
+    for q in report.quarantined:
+        console.print(Text.assemble(("quarantined ", "yellow"), q.reason), soft_wrap=True)
+    ds = report.dataset
+    console.print(f"{len(report.added)} new, {len(report.duplicates)} already ingested, {len(report.quarantined)} quarantined")
+    console.print(f"dataset {ds.task} v{ds.version:04d} ({'new' if report.new_version else 'unchanged'}): "
+                  f"{ds.episodes} episodes, {ds.rows} rows, digest {ds.digest[:16]}  {ds.path}", soft_wrap=True)
+
+
+@app.command()
+def calibrate(
+    task: str = typer.Option("cartpole", help="Registered task or module:Class."),
+    dataset: str = typer.Option("latest", help="Dataset version (v0003) or latest."),
+    generations: int = typer.Option(40, help="CMA-ES generations for the chosen latency."),
+    max_latency: int = typer.Option(3, help="Largest actuation latency searched (control steps)."),
+    seed: int = typer.Option(0),
+) -> None:
+    """Fit the digital twin to a dataset version; print fitted vs prior (vs stand-in truth) and sensitivity."""
+    from flows.steps import calibrate_step, dataset_store
+    from stages.twin.calibrate import FITTED, CalibrateConfig
+
+    _check_task(task)
+    ws = Workspace.from_env()
+    store = dataset_store(ws, task)
+    try:
+        ds = store.latest() if dataset == "latest" else store.version(dataset)
+    except KeyError as e:
+        console.print(Text.assemble(("error", "red"), f": --dataset: {str(e).strip(chr(34))}"), soft_wrap=True)
+        raise typer.Exit(2)
+    if ds is None:
+        console.print(Text.assemble(("error", "red"), f": no dataset for {task!r} in {store.root}; run `sim2edge collect` first"),
+                      soft_wrap=True)
+        raise typer.Exit(2)
+    cfg = CalibrateConfig(generations=generations, max_latency=max_latency, seed=seed)
+    twin = calibrate_step(_standalone(ws, task), cfg, ds, ws.home / "twins" / store.task.name / f"v{ds.version:04d}")
+    spec = json.loads(twin.path.read_text())
+    truth = spec.get("standin_truth")
+    table = Table("parameter", "prior", "fitted", "± (rel. 1σ)", "sensitivity", *(["stand-in truth"] if truth else []),
+                  title=f"twin of {task} on dataset v{ds.version:04d}")
+    for name in (*FITTED, "latency_steps", "obs_noise"):
+        fitted = "prior (unidentifiable)" if name in twin.unidentified else f"{spec['params'][name]:.4g}"
+        sens = spec["sensitivity"].get(name)
+        table.add_row(name, f"{spec['prior'][name]:.4g}", fitted,
+                      f"{spec['uncertainty'][name]:.2%}" if name in spec["uncertainty"] else "",
+                      f"{sens:.3g}" if sens is not None else "", *([f"{truth[name]:.4g}"] if truth else []))
+    console.print(table)
+    console.print(f"replay error {twin.replay_error_before:.4g} → {twin.replay_error_after:.4g} "
+                  f"({twin.replay_error_before / twin.replay_error_after:.1f}× lower); twin {twin.path}", soft_wrap=True)
 
 
 @app.command()

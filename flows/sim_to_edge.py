@@ -14,17 +14,18 @@ from prefect.cache_policies import NO_CACHE
 from rich.progress import Progress
 
 from flows.params import PipelineSummary, SimToEdgeParams
+from flows.steps import calibrate_step, collect_step
 from flows.workspace import Workspace
 from registry import models
 from registry.tracking import RunContext, finish_pipeline, stage_run, start_pipeline
 from stages.artifacts import BundleArtifact, Checkpoint, Dataset, EvalReport, ExportedPolicy, TwinSpec
-from stages.collect import CollectConfig, collect
+from stages.collect.ingest import StandinConfig
 from stages.export import ExportConfig, export
 from stages.package import PackageConfig, manifest_for, package
 from stages.sim.params import PhysicalParams
 from stages.standin import LABEL
 from stages.train import TrainConfig, train
-from stages.twin.calibrate import CalibrateConfig, calibrate
+from stages.twin.calibrate import CalibrateConfig
 from stages.twin.evaluate import EvalConfig, evaluate
 
 @contextmanager
@@ -36,24 +37,13 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
 
 
 @task(cache_policy=NO_CACHE)
-def collect_stage(ctx: RunContext, cfg: CollectConfig, out: Path) -> Dataset:
-    with stage_run(ctx, "collect", cfg.model_dump()) as run:
-        ds = collect(cfg, out)
-        run.tags({"sim2edge.robot": f"{LABEL}:{cfg.task}", "sim2edge.dataset_digest": ds.digest})
-        run.metrics({"rows": ds.rows, "episodes": ds.episodes})
-        run.artifact(out / "manifest.json", "dataset")
-        return ds
+def collect_stage(ctx: RunContext, ws: Workspace, task_ref: str, cfg: StandinConfig) -> Dataset:
+    return collect_step(ctx, ws, task_ref, "standin", cfg).dataset
 
 
 @task(cache_policy=NO_CACHE)
 def calibrate_stage(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out: Path) -> TwinSpec:
-    with stage_run(ctx, "calibrate", cfg.model_dump()) as run:
-        twin = calibrate(cfg, dataset, out)
-        run.metrics({"replay_error_before": twin.replay_error_before, "replay_error_after": twin.replay_error_after,
-                     **{f"fitted_{k}": v for k, v in twin.params.model_dump().items()}})
-        run.tags({"sim2edge.twin_digest": twin.digest, "sim2edge.dataset_digest": dataset.digest})
-        run.artifact(twin.path, "twin")
-        return twin
+    return calibrate_step(ctx, cfg, dataset, out)
 
 
 @task(cache_policy=NO_CACHE)
@@ -142,8 +132,7 @@ def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
     timings: dict[str, float] = {}
     try:
         with timed(timings, "collect"):
-            ds = collect_stage(ctx, CollectConfig(task=params.task, episodes=params.collect_episodes, seed=params.seed),
-                               out / "dataset")
+            ds = collect_stage(ctx, ws, params.task, StandinConfig(episodes=params.collect_episodes, seed=params.seed))
         with timed(timings, "calibrate"):
             twin = calibrate_stage(ctx, CalibrateConfig(seed=params.seed), ds, out / "twin")
         with timed(timings, "train"):

@@ -47,6 +47,15 @@ class Workspace(BaseModel):
         return self.home / "device"
 
     @property
+    def datasets(self) -> Path:
+        return self.home / "datasets"
+
+    @property
+    def standin_uploads(self) -> Path:
+        """Where the reference-robot stand-in drops its logs, as a device's upload folder would."""
+        return self.home / "standin-uploads"
+
+    @property
     def runs(self) -> Path:
         return self.home / "runs"
 

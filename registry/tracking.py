@@ -23,7 +23,8 @@ class RunContext(BaseModel):
     model_config = ConfigDict(frozen=True)
     tracking_uri: str
     experiment_id: str
-    parent_run_id: str
+    parent_run_id: str | None = None
+    """None for a standalone stage (``sim2edge collect``): its run is then top-level."""
 
     @property
     def client(self) -> MlflowClient:
@@ -45,6 +46,12 @@ def start_pipeline(tracking_uri: str, experiment: str, artifact_root: Path | Non
     experiment_id = ensure_experiment(client, experiment, artifact_root)
     run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
     return RunContext(tracking_uri=tracking_uri, experiment_id=experiment_id, parent_run_id=run.info.run_id)
+
+
+def standalone(tracking_uri: str, experiment: str, artifact_root: Path | None) -> RunContext:
+    """Where a single stage run from the CLI logs: the task's experiment, no parent run."""
+    client = MlflowClient(tracking_uri)
+    return RunContext(tracking_uri=tracking_uri, experiment_id=ensure_experiment(client, experiment, artifact_root))
 
 
 def finish_pipeline(ctx: RunContext, ok: bool) -> None:
@@ -69,6 +76,9 @@ class StageRun:
         else:
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 
+    def text(self, name: str, text: str) -> None:
+        self.client.log_text(self.run_id, text, name)
+
     def tags(self, values: Mapping[str, str]) -> None:
         for k, v in values.items():
             self.client.set_tag(self.run_id, k, str(v))
@@ -82,8 +92,10 @@ class StageRun:
 def stage_run(ctx: RunContext, stage: str, params: Mapping[str, object]) -> Iterator[StageRun]:
     """A nested run for ``stage`` with its params; FAILED if the block raises, FINISHED otherwise."""
     client = ctx.client
-    run = client.create_run(ctx.experiment_id, run_name=stage,
-                            tags={"mlflow.parentRunId": ctx.parent_run_id, "sim2edge.stage": stage})
+    tags = {"sim2edge.stage": stage}
+    if ctx.parent_run_id:
+        tags["mlflow.parentRunId"] = ctx.parent_run_id
+    run = client.create_run(ctx.experiment_id, run_name=stage, tags=tags)
     flat = [Param(k, str(v)[:6000]) for k, v in params.items()]
     if flat:
         client.log_batch(run.info.run_id, params=flat)

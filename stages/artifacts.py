@@ -43,9 +43,10 @@ class Artifact(BaseModel):
 
 
 class Dataset(Artifact):
-    """A versioned log dataset: Parquet files plus ``manifest.json``."""
+    """One immutable dataset version: ``path`` holds its ``manifest.json`` (files, digests, rows, robots)."""
 
     task: str
+    version: int
     source: str
     episodes: int
     rows: int
@@ -57,6 +58,8 @@ class TwinSpec(Artifact):
     task: str
     params: PhysicalParams
     uncertainty: dict[str, float]
+    unidentified: tuple[str, ...] = ()
+    """Parameters the data could not pin down; they are held at the prior."""
     dataset_digest: str
     replay_error_before: float
     replay_error_after: float

@@ -41,7 +41,7 @@ def manifest_for(cfg: PackageConfig, policy_name: str, version: str, exported: E
     return {
         "policy": {"name": policy_name, "version": version, "task": task.name},
         "provenance": {**provenance, "checkpoint_sha256": checkpoint.digest, "onnx_sha256": exported.digest,
-                       "dataset_digest": dataset.digest, "twin_digest": twin.digest},
+                       "dataset_digest": dataset.digest, "dataset_version": dataset.version, "twin_digest": twin.digest},
         "target": {**target.to_dict(), "opset": exported.opset},
         "io": {
             "input": {"name": "obs", "shape": [-1, task.obs_dim], "dtype": "float32",

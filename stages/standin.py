@@ -12,6 +12,7 @@ LABEL = "stand-in"
 
 _HIDDEN: dict[str, PhysicalParams] = {
     "cartpole": PhysicalParams(damping=1.6, actuator_gain=0.85, mass=1.25, latency_steps=0, obs_noise=0.002),
+    "reacher": PhysicalParams(damping=1.35, actuator_gain=0.88, mass=1.2, latency_steps=1, obs_noise=0.002),
 }
 
 

@@ -49,6 +49,7 @@ class Reacher(Task):
     randomization: Randomization = field(default_factory=lambda: Randomization(damping=0.2, actuator_gain=0.1, mass=0.2))
     success_threshold: float = -np.inf
     mass_bodies: tuple[str, ...] = ("body0", "body1", "fingertip")
+    replayed_joints: tuple[str, ...] = ("joint0", "joint1")  # not the target's slide joints
     success_distance: float = 0.02
     """An episode succeeds when it ends with the fingertip within this distance (m) of the target."""
 

@@ -39,6 +39,21 @@ class Task:
     mass_bodies: tuple[str, ...] = ()
     """Bodies whose mass the ``mass`` parameter scales (the payload); empty = every body but the world."""
 
+    replayed_joints: tuple[str, ...] = ()
+    """Joints whose positions calibration compares with the logs (the robot's own); empty = every joint."""
+
+    @cached_property
+    def replayed_qpos(self) -> np.ndarray:
+        """qpos indices of ``replayed_joints`` (every qpos if empty)."""
+        m = self.model
+        if not self.replayed_joints:
+            return np.arange(m.nq)
+        ids = [mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, j) for j in self.replayed_joints]
+        if min(ids) < 0:
+            raise ValueError(f"task {self.name!r}: replayed joint {self.replayed_joints[ids.index(-1)]!r} "
+                             f"is not in {self.mjcf.name}")
+        return np.array([m.jnt_qposadr[i] for i in ids])
+
     @cached_property
     def model(self) -> mujoco.MjModel:
         """The nominal MuJoCo model (loaded once)."""
@@ -109,6 +124,7 @@ class Task:
         if not np.all(m.actuator_ctrllimited):
             raise ValueError(f"task {self.name!r}: every actuator needs a ctrlrange")
         self.mass_mask  # noqa: B018 - resolves the body names
+        self.replayed_qpos  # noqa: B018 - resolves the joint names
         qpos, qvel = self.initial_state(np.random.default_rng(0), 2)
         obs = self.observe(qpos, qvel)
         if obs.shape != (2, self.obs_dim):

@@ -1,9 +1,13 @@
-"""Calibrate: fit the twin's physical parameters to logged trajectories.
+"""Calibrate: fit the twin's physical parameters and actuation latency to logged trajectories.
 
 Short windows of the logs are replayed from their logged start states with the logged
-controls held per control step; CMA-ES (the ``cmaes`` package) minimises the RMS error
-between replayed and logged joint positions over log-scales of the parameters. A whole
-CMA-ES generation (population × windows) replays in one ``mujoco.rollout`` call.
+commanded controls, shifted by a candidate latency and held per control step. CMA-ES (the
+``cmaes`` package) minimises the RMS error between replayed and logged joint positions over
+log-scales of the parameters; a whole generation (population × windows) replays in one
+``mujoco.rollout`` call. Integer latency is searched: a short fit per candidate, then the
+best one is fitted to the end. Afterwards each parameter's sensitivity (how much a 10%
+change raises the replay error) is measured; a parameter the data cannot pin down is
+flagged unidentifiable and held at its prior instead of being silently fitted.
 """
 
 from __future__ import annotations
@@ -14,55 +18,66 @@ from pathlib import Path
 
 import mujoco
 import numpy as np
+import pyarrow as pa
 from cmaes import CMA
 from mujoco import rollout
 from pydantic import BaseModel, ConfigDict, Field
 
-from stages import logs
+from stages import logs, standin
 from stages.artifacts import Dataset, TwinSpec, atomic_dir, sha256_json
+from stages.collect.store import dataset_files
 from stages.sim.env import STATE_SPEC
 from stages.sim.params import PhysicalParams, apply_params
 from stages.sim.registry import load
 from stages.sim.task import Task
 
 FITTED = ("damping", "actuator_gain", "mass")
+PROBE = np.log(1.1)
+"""Sensitivity probe: each fitted parameter scaled by 1.1 and 1/1.1."""
 
 
 class CalibrateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     window: int = Field(20, ge=2, description="Replay window length in control steps.")
     max_windows: int = Field(192, ge=1, description="Windows sampled from the dataset.")
-    generations: int = Field(40, ge=1, description="CMA-ES generations.")
+    generations: int = Field(40, ge=1, description="CMA-ES generations for the chosen latency.")
+    search_generations: int = Field(12, ge=1, description="CMA-ES generations per latency candidate.")
+    max_latency: int = Field(3, ge=0, description="Largest actuation latency tried, in control steps.")
     population: int = Field(8, ge=4)
+    min_sensitivity: float = Field(0.02, ge=0, description="A 10% change must raise the replay error by this fraction, "
+                                                          "else the parameter is unidentifiable.")
     seed: int = 0
     nthread: int = 2
 
 
 class Windows(BaseModel):
-    """Replay windows: start states (W, nstate), controls (W, T*decimation, nu), targets (W, T, nq)."""
+    """Replay windows: start states (W, nstate), controls per latency (L+1, W, T*decimation, nu), targets (W, T, nq)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
     start: np.ndarray
     control: np.ndarray
     target: np.ndarray
 
 
 def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
-    """Cut the dataset into replay windows (sampled without replacement, seeded)."""
-    manifest = json.loads((dataset.path / "manifest.json").read_text())
-    table = logs.read(dataset.path / manifest["files"][0]["name"])
+    """Cut every file of the dataset into replay windows (sampled without replacement, seeded)."""
+    table = pa.concat_tables([logs.read(p) for p in dataset_files(dataset)])
     qpos, qvel, ctrl = (logs.columns(table, p) for p in ("qpos", "qvel", "ctrl"))
     episode = table.column("episode").to_numpy()
-    starts = [i for e in np.unique(episode) for i in np.flatnonzero(episode == e)[: -cfg.window : cfg.window]]
+    boundaries = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1], True])  # files concatenate episode-wise
+    starts = [s for b, e in zip(boundaries[:-1], boundaries[1:]) for s in range(b + cfg.max_latency, e - cfg.window, cfg.window)]
+    if not starts:
+        raise ValueError(f"dataset {dataset.path}: no episode is longer than window + max_latency "
+                         f"({cfg.window} + {cfg.max_latency} steps)")
     rng = np.random.default_rng(cfg.seed)
     starts = np.sort(rng.choice(starts, size=min(cfg.max_windows, len(starts)), replace=False))
-    nstate = mujoco.mj_stateSize(task.model, STATE_SPEC)
-    start = np.zeros((len(starts), nstate))
-    start[:, 1 : 1 + task.model.nq] = qpos[starts]
-    start[:, 1 + task.model.nq : 1 + task.model.nq + task.model.nv] = qvel[starts]
+    m = task.model
+    start = np.zeros((len(starts), mujoco.mj_stateSize(m, STATE_SPEC)))
+    start[:, 1 : 1 + m.nq] = qpos[starts]
+    start[:, 1 + m.nq : 1 + m.nq + m.nv] = qvel[starts]
     steps = starts[:, None] + np.arange(cfg.window)
-    control = np.repeat(ctrl[steps], task.decimation, axis=1).astype(np.float64)
-    return Windows(start=start, control=control, target=qpos[steps + 1])
+    control = np.stack([np.repeat(ctrl[steps - lag], task.decimation, axis=1) for lag in range(cfg.max_latency + 1)])
+    return Windows(start=start, control=control.astype(np.float64), target=qpos[steps + 1])
 
 
 class Replayer:
@@ -72,58 +87,131 @@ class Replayer:
         self.task, self.win = task, win
         self.pool = rollout.Rollout(nthread=nthread)
         self.datas = [mujoco.MjData(task.model) for _ in range(nthread)]
+        self.joints = task.replayed_qpos
+
+    def replay(self, candidates: list[PhysicalParams]) -> np.ndarray:
+        """Replayed joint positions of each candidate (uses its ``latency_steps``): (C, W, T, nq)."""
+        task, n = self.task, len(self.win.start)
+        models = [apply_params(copy.deepcopy(task.model), task.model, p, task.mass_mask) for p in candidates]
+        control = np.concatenate([self.win.control[p.latency_steps] for p in candidates])
+        nstep = control.shape[1]
+        state = np.empty((len(control), nstep, self.win.start.shape[1]))
+        sensors = np.empty((len(control), nstep, task.model.nsensordata))
+        self.pool.rollout([m for m in models for _ in range(n)], self.datas, np.tile(self.win.start, (len(models), 1)),
+                          control, nstep=nstep, skip_checks=True, state=state, sensordata=sensors)
+        qpos = state[:, task.decimation - 1 :: task.decimation, 1 : 1 + task.model.nq]
+        return qpos.reshape(len(models), n, -1, task.model.nq)
 
     def errors(self, candidates: list[PhysicalParams]) -> np.ndarray:
-        """RMS joint-position error of each candidate over every window."""
-        models = [apply_params(copy.deepcopy(self.task.model), self.task.model, p, self.task.mass_mask) for p in candidates]
-        n = len(self.win.start)
-        per_roll = [m for m in models for _ in range(n)]
-        nstep = self.win.control.shape[1]
-        state = np.empty((len(per_roll), nstep, self.win.start.shape[1]))
-        sensors = np.empty((len(per_roll), nstep, self.task.model.nsensordata))
-        self.pool.rollout(
-            per_roll, self.datas, np.tile(self.win.start, (len(models), 1)), np.tile(self.win.control, (len(models), 1, 1)),
-            nstep=nstep, skip_checks=True, state=state, sensordata=sensors,
-        )
-        nq = self.task.model.nq
-        replayed = state[:, self.task.decimation - 1 :: self.task.decimation, 1 : 1 + nq]
-        err = (replayed - np.tile(self.win.target, (len(models), 1, 1))) ** 2
-        return np.sqrt(err.reshape(len(models), -1).mean(axis=1))
+        """RMS error of each candidate over every window, on the task's replayed joints."""
+        diff = (self.replay(candidates) - self.win.target)[..., self.joints]
+        return np.sqrt((diff**2).reshape(len(candidates), -1).mean(axis=1))
 
 
-def _params(prior: PhysicalParams, x: np.ndarray) -> PhysicalParams:
-    return prior.model_copy(update={name: float(np.exp(v)) for name, v in zip(FITTED, x)})
+def _params(prior: PhysicalParams, x: np.ndarray, latency: int) -> PhysicalParams:
+    return prior.model_copy(update={**{name: float(np.exp(v)) for name, v in zip(FITTED, x)}, "latency_steps": latency})
+
+
+def _fit(replayer: Replayer, prior: PhysicalParams, latency: int, generations: int, cfg: CalibrateConfig,
+         optimizer: CMA | None = None) -> tuple[CMA, float]:
+    """Run (or continue) CMA-ES for one latency; return the optimizer and the best error seen."""
+    optimizer = optimizer or CMA(mean=np.zeros(len(FITTED)), sigma=0.3, bounds=np.log([[0.2, 5.0]] * len(FITTED)),
+                                 population_size=cfg.population, seed=cfg.seed)
+    best = np.inf
+    for _ in range(generations):
+        xs = [optimizer.ask() for _ in range(optimizer.population_size)]
+        errs = replayer.errors([_params(prior, x, latency) for x in xs])
+        optimizer.tell(list(zip(xs, errs.tolist())))
+        best = min(best, float(errs.min()))
+    return optimizer, best
+
+
+def sensitivity(replayer: Replayer, fitted: PhysicalParams, error: float) -> dict[str, float]:
+    """Per fitted parameter: relative rise of the replay error when it is scaled by 1.1 and 1/1.1 (mean)."""
+    probes = [fitted.model_copy(update={name: getattr(fitted, name) * np.exp(s * PROBE)}) for name in FITTED for s in (1, -1)]
+    errs = replayer.errors(probes).reshape(len(FITTED), 2).mean(axis=1)
+    return {name: float(e / error - 1) for name, e in zip(FITTED, errs)}
+
+
+def noise_estimate(replayer: Replayer, fitted: PhysicalParams) -> float:
+    """Sensor noise std from the one-step replay residual (start and target noise: var ≈ 2σ²)."""
+    first = (replayer.replay([fitted])[0, :, 0] - replayer.win.target[:, 0])[:, replayer.joints]
+    return float(np.sqrt((first**2).mean() / 2))
 
 
 def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec:
-    """Fit damping, actuator gain and mass scale to ``dataset``; write ``out_dir/twin.json``."""
+    """Fit damping, actuator gain, mass scale and latency to ``dataset``; write ``out_dir/twin.json`` and a plot."""
     task = load(dataset.task)
     prior = task.nominal_params()
     replayer = Replayer(task, windows(task, dataset, cfg), cfg.nthread)
-    optimizer = CMA(mean=np.zeros(len(FITTED)), sigma=0.3, bounds=np.log([[0.2, 5.0]] * len(FITTED)),
-                    population_size=cfg.population, seed=cfg.seed)
-    for _ in range(cfg.generations):
-        xs = [optimizer.ask() for _ in range(optimizer.population_size)]
-        errs = replayer.errors([_params(prior, x) for x in xs])
-        optimizer.tell(list(zip(xs, errs.tolist())))
-    fitted = _params(prior, optimizer.mean)
+    searched = {lag: _fit(replayer, prior, lag, cfg.search_generations, cfg) for lag in range(cfg.max_latency + 1)}
+    latency = min(searched, key=lambda lag: searched[lag][1])
+    optimizer, _ = _fit(replayer, prior, latency, max(cfg.generations - cfg.search_generations, 0), cfg,
+                        searched[latency][0])
+    fitted = _params(prior, optimizer.mean, latency)
+    after = float(replayer.errors([fitted])[0])
+    sens = sensitivity(replayer, fitted, after)
+    unidentified = tuple(name for name in FITTED if sens[name] < cfg.min_sensitivity)
+    fitted = fitted.model_copy(update={name: getattr(prior, name) for name in unidentified})
+    fitted = fitted.model_copy(update={"obs_noise": noise_estimate(replayer, fitted)})
     before, after = replayer.errors([prior, fitted]).tolist()
     # relative 1-sigma of the final search distribution, per parameter (log-space std ≈ relative std)
-    sigma = optimizer._sigma * np.sqrt(np.diag(optimizer._C))
-    uncertainty = {name: float(s) for name, s in zip(FITTED, sigma)}
+    cov = optimizer._C * optimizer._sigma**2
+    sigma = np.sqrt(np.diag(cov))
+    corr = cov / np.outer(sigma, sigma)
+    uncertainty = {name: float(s) for name, s, in zip(FITTED, sigma) if name not in unidentified}
+    robots = json.loads((dataset.path / "manifest.json").read_text())["robots"]
     spec = {
         "task": dataset.task,
         "params": fitted.model_dump(),
         "prior": prior.model_dump(),
         "uncertainty": uncertainty,
+        "sensitivity": sens,
+        "unidentified": list(unidentified),
+        "correlation": {f"{a}~{b}": float(corr[i, j]) for i, a in enumerate(FITTED) for j, b in enumerate(FITTED) if i < j},
+        "latency_search": {str(lag): err for lag, (_, err) in searched.items()},
         "dataset_digest": dataset.digest,
+        "dataset_version": dataset.version,
+        "robots": robots,
         "replay_error_before": before,
         "replay_error_after": after,
         "windows": len(replayer.win.start),
         "window_steps": cfg.window,
     }
+    if robots and all(r.startswith(standin.LABEL) for r in robots):
+        spec["standin_truth"] = {"label": f"{standin.LABEL} hidden truth: for checking only, never used by the fit",
+                                 **standin.hidden_params(task.name).model_dump()}
     digest = sha256_json(spec)
     with atomic_dir(out_dir) as tmp:
         (tmp / "twin.json").write_text(json.dumps({**spec, "digest": digest}, indent=2))
+        plot_replay(task, replayer, prior, fitted, tmp / "replay.png")
     return TwinSpec(path=out_dir / "twin.json", digest=digest, task=dataset.task, params=fitted, uncertainty=uncertainty,
-                    dataset_digest=dataset.digest, replay_error_before=before, replay_error_after=after)
+                    unidentified=unidentified, dataset_digest=dataset.digest, replay_error_before=before,
+                    replay_error_after=after)
+
+
+def plot_replay(task: Task, replayer: Replayer, prior: PhysicalParams, fitted: PhysicalParams, path: Path) -> None:
+    """Logged vs replayed joint positions (prior and fitted twin) on the three worst windows under the prior."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    replays = replayer.replay([prior, fitted])
+    worst = np.argsort(-((replays[0] - replayer.win.target) ** 2).mean(axis=(1, 2)))[:3]
+    joints = replayer.joints
+    fig, axes = plt.subplots(len(joints), len(worst), figsize=(4 * len(worst), 2.4 * len(joints)), squeeze=False)
+    t = (np.arange(replayer.win.target.shape[1]) + 1) * task.ctrl_dt
+    for col, w in enumerate(worst):
+        for row, j in enumerate(joints):
+            ax = axes[row, col]
+            ax.plot(t, replayer.win.target[w, :, j], "k.", ms=3, label="logged")
+            ax.plot(t, replays[0, w, :, j], "C3--", label="prior model")
+            ax.plot(t, replays[1, w, :, j], "C0-", label="calibrated twin")
+            ax.set_title(f"window {w}, qpos[{j}]", fontsize=9)
+            ax.set_xlabel("s")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(f"{task.name}: logged vs replayed joint positions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)

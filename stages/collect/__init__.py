@@ -1,0 +1,1 @@
+"""Collect: robot logs (telemetry, demonstrations, sim rollouts) into versioned, validated datasets."""

@@ -1,0 +1,45 @@
+"""Ingest from a folder (what devices upload, demonstrations) or from stand-in rollouts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from stages import standin
+from stages.collect.rollouts import record
+from stages.collect.store import DatasetStore, IngestReport
+
+
+class StandinConfig(BaseModel):
+    """How much reference-robot (stand-in) data to record, and with which excitation."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    episodes: int = Field(16, ge=1, description="Episodes to record (each the task's episode length).")
+    seed: int = Field(0, description="Seed of the excitation and the stand-in's noise.")
+    smoothing: float = Field(0.8, ge=0, lt=1, description="AR(1) coefficient of the random excitation.")
+
+
+def new_files(folder: Path, since_ns: int) -> tuple[list[Path], int]:
+    """``*.parquet`` under ``folder`` modified at or after ``since_ns``, and the newest mtime seen."""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"log folder {folder} does not exist")
+    found = [(p, p.stat().st_mtime_ns) for p in folder.rglob("*.parquet") if not p.name.startswith(".")]
+    fresh = [p for p, m in found if m >= since_ns]
+    return fresh, max([since_ns] + [m for _, m in found])
+
+
+def ingest_folder(store: DatasetStore, folder: Path) -> IngestReport:
+    """Ingest what is new in ``folder`` since its watermark (file mtime); same digests are skipped."""
+    source = f"folder:{folder.resolve()}"
+    paths, newest = new_files(folder, store.watermark(source))
+    return store.ingest(paths, source, watermark=newest)
+
+
+def record_standin(store: DatasetStore, cfg: StandinConfig, incoming: Path) -> IngestReport:
+    """Record stand-in episodes into ``incoming`` (as a device would upload them), then ingest that folder."""
+    task = store.task
+    robot = standin.robot_id(task.name)
+    record(task, standin.hidden_params(task.name), cfg.episodes, cfg.seed,
+           incoming / f"{robot.replace(':', '-')}-seed{cfg.seed}-{cfg.episodes}ep.parquet", robot, cfg.smoothing)
+    return ingest_folder(store, incoming)
