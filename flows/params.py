@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal, Optional
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge.targets import load_target
@@ -9,8 +11,8 @@ from stages.sim.registry import load
 from stages.twin.gate import GateConfig
 
 
-class SimToEdgeParams(BaseModel):
-    """One run of the whole chain for one task and target."""
+class PipelineParams(BaseModel):
+    """What every pipeline flow takes: task, target, training budget, evaluation and gates."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     task: str = Field("cartpole", description="Registered task (`sim2edge tasks`) or module:Class.")
@@ -18,7 +20,6 @@ class SimToEdgeParams(BaseModel):
     iterations: int = Field(100, ge=1, le=100000, description="PPO iterations.")
     num_envs: int = Field(128, ge=1, le=16384, description="Parallel simulated environments in training.")
     seed: int = Field(0, description="Seed for collection, training and evaluation.")
-    collect_episodes: int = Field(16, ge=1, description="Stand-in episodes to record for calibration.")
     eval_episodes: int = Field(32, ge=1, description="Seeded evaluation episodes in the twin.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Floors the policy must clear.")
     promote: bool = Field(True, description="Set `champion` when the gate passes (else always `challenger`).")
@@ -47,6 +48,23 @@ class SimToEdgeParams(BaseModel):
         return v
 
 
+class SimToEdgeParams(PipelineParams):
+    """One run of the whole chain for one task and target, calibrated on fresh stand-in logs."""
+
+    collect_episodes: int = Field(16, ge=1, description="Stand-in episodes to record for calibration.")
+
+
+class NightlyParams(PipelineParams):
+    """Nightly retraining: new telemetry → recalibrate → warm-start from the champion → gate → package."""
+
+    iterations: int = Field(30, ge=1, le=100000, description="PPO iterations of fine-tuning from the champion.")
+    source: Literal["registry", "folder"] = Field("registry", description="Where devices' telemetry arrives.")
+    folder: Optional[str] = Field(None, description="Telemetry folder when source is `folder`.")
+    no_new_data: Literal["skip", "retrain"] = Field(
+        "skip", description="With no telemetry since the last watermark: skip the run, or retrain anyway.")
+    warm_start: bool = Field(True, description="Start training from the champion's checkpoint (else from scratch).")
+
+
 class PipelineSummary(BaseModel):
     policy: str
     version: str
@@ -59,3 +77,6 @@ class PipelineSummary(BaseModel):
     tracking_uri: str
     pull_command: str
     stage_seconds: dict[str, float]
+    dataset_version: int = 0
+    warm_started_from: Optional[str] = None
+    compared_with: Optional[str] = None

@@ -91,6 +91,9 @@ class EvalReport(Artifact):
     mean_return: float
     passed: bool
     reasons: tuple[str, ...]
+    champion_version: str | None = None
+    """The champion compared against on the same seeds (None: there was none)."""
+    champion_mean_return: float | None = None
 
 
 class BundleArtifact(Artifact):

@@ -47,15 +47,31 @@ def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> dict:
     return {"returns": returns, "success": success, "nan_actions": nan_actions}
 
 
-def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: TwinSpec, out_dir: Path) -> EvalReport:
-    """Seeded episodes in the twin; write ``report.json`` with metrics and the gate decision."""
+class Champion(BaseModel):
+    """The current champion's exported ONNX, evaluated on the same seeds for a paired comparison."""
+
+    model_config = ConfigDict(frozen=True)
+    version: str
+    onnx: Path
+
+
+def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: TwinSpec, out_dir: Path,
+             champion: Champion | None = None) -> EvalReport:
+    """Seeded episodes in the twin (and the champion's on the same seeds); write ``report.json``."""
     task = load(policy.task)
-    env = BatchedEnv(task, cfg.episodes, params=twin.params, seed=cfg.seed)
-    result = run_episodes(OnnxRuntime(policy.path), env)
+    result = run_episodes(OnnxRuntime(policy.path), BatchedEnv(task, cfg.episodes, params=twin.params, seed=cfg.seed))
     success_rate, mean_return = float(result["success"].mean()), float(result["returns"].mean())
     success_ci = wilson(int(result["success"].sum()), cfg.episodes)
     return_ci = bootstrap_mean(result["returns"], seed=cfg.seed)
-    passed, reasons = decide(gate, success_ci[0], return_ci[0], result["nan_actions"])
+    comparison = None
+    if champion is not None:
+        base = run_episodes(OnnxRuntime(champion.onnx), BatchedEnv(task, cfg.episodes, params=twin.params, seed=cfg.seed))
+        diff = result["returns"] - base["returns"]
+        comparison = {"champion_version": champion.version, "champion_mean_return": float(base["returns"].mean()),
+                      "champion_success_rate": float(base["success"].mean()), "mean_difference": float(diff.mean()),
+                      "difference_ci95": list(bootstrap_mean(diff, seed=cfg.seed))}
+    passed, reasons = decide(gate, success_ci[0], return_ci[0], result["nan_actions"],
+                             comparison["difference_ci95"][0] if comparison else None)
     report = {
         "task": policy.task,
         "twin_digest": twin.digest,
@@ -68,6 +84,7 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
         "mean_return_ci95": list(return_ci),
         "return_std": float(result["returns"].std()),
         "nan_actions": result["nan_actions"],
+        "champion": comparison,
         "gate": gate.model_dump(),
         "passed": passed,
         "reasons": list(reasons),
@@ -76,4 +93,6 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
         (tmp / "report.json").write_text(json.dumps(report, indent=2))
     path = out_dir / "report.json"
     return EvalReport(path=path, digest=sha256_path(path), episodes=cfg.episodes, success_rate=success_rate,
-                      mean_return=mean_return, passed=passed, reasons=reasons)
+                      mean_return=mean_return, passed=passed, reasons=reasons,
+                      champion_version=champion.version if champion else None,
+                      champion_mean_return=comparison["champion_mean_return"] if comparison else None)
