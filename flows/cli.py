@@ -177,6 +177,38 @@ def up(
 
 
 @app.command()
+def serve(
+    timezone: str = typer.Option("UTC", help="Timezone of the nightly schedule (IANA name)."),
+    cron: str = typer.Option("0 2 * * *", help="Nightly schedule."),
+) -> None:
+    """Serve the sim-to-edge and nightly-retrain deployments from this process (one machine); Ctrl-C stops."""
+    ws = Workspace.from_env()
+    ws.home.mkdir(parents=True, exist_ok=True)
+    ws.configure_prefect()
+    from flows.deployments import serve as serve_deployments
+
+    serve_deployments(timezone, cron)
+
+
+@app.command()
+def deploy(
+    pool: str = typer.Option("sim2edge-process", help="Process work pool (created if missing)."),
+    timezone: str = typer.Option("UTC", help="Timezone of the nightly schedule (IANA name)."),
+) -> None:
+    """Register both deployments of prefect.yaml on a work pool of the Prefect server (PREFECT_API_URL)."""
+    ws = Workspace.from_env()
+    ws.configure_prefect()
+    from flows.deployments import deploy as deploy_all
+
+    done = deploy_all(pool, timezone)
+    console.print(done.stdout[-3000:], markup=False, highlight=False)
+    if done.returncode != 0:
+        console.print(done.stderr[-3000:], markup=False, highlight=False)
+        raise typer.Exit(done.returncode)
+    console.print(f"Start a worker: prefect worker start --pool {pool}", markup=False)
+
+
+@app.command()
 def tasks() -> None:
     """List the registered tasks."""
     from stages.sim.registry import load, names
