@@ -1,7 +1,7 @@
 """Calibration on the reacher stand-in: accuracy against hidden truth, wall time, and the batched
 replay against a plain Python replay loop of the same windows and candidates, in one run.
 
-Targets (issue 4): from ≤ 5 min of logs, damping, gain (and mass, where identifiable) within 10%,
+Targets (issue 4): from ≤ 5 min of logs, damping, gain, friction (and mass, where identifiable) within 10%,
 latency exact, replay error ≥ 5× lower, calibration under 60 s on 2 cores.
 Run: .venv/bin/python benchmarks/calibrate_reacher.py [--minutes 5]
 """
@@ -59,7 +59,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     truth = standin.hidden_params("reacher")
     print(f"reacher stand-in, {episodes} episodes = {args.minutes:.1f} min of logs, {cfg.max_windows} windows × {cfg.window} steps")
-    for name in ("damping", "actuator_gain", "mass"):
+    for name in ("damping", "actuator_gain", "mass", "friction"):
         got = getattr(twin.params, name)
         note = "  unidentifiable: held at prior" if name in twin.unidentified else ""
         print(f"  {name:14s} fitted {got:.4f}  truth {getattr(truth, name):.4f}  error {got / getattr(truth, name) - 1:+.2%}{note}")

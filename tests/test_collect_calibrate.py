@@ -160,7 +160,7 @@ def test_a_failed_commit_leaves_the_store_as_it_was(store, good_log, tmp_path, m
 def test_calibration_recovers_hidden_parameters(cartpole_dataset, tmp_path):
     twin = calibrate(CalibrateConfig(generations=30, max_latency=1), cartpole_dataset, tmp_path / "twin")
     truth = standin.hidden_params("cartpole")
-    for name in ("damping", "actuator_gain", "mass"):
+    for name in ("damping", "actuator_gain", "mass", "friction"):
         assert getattr(twin.params, name) == pytest.approx(getattr(truth, name), rel=0.1), name
     assert twin.params.latency_steps == truth.latency_steps and twin.unidentified == ()
     assert twin.params.obs_noise == pytest.approx(truth.obs_noise, rel=0.3)
@@ -175,10 +175,10 @@ def test_reacher_calibration_finds_latency_and_flags_unidentifiable_mass(tmp_pat
     """Reacher's joint armature (1 kg m²) dwarfs its link inertia (~1e-4), so link mass cannot be identified."""
     store = DatasetStore(tmp_path / "ds", load("reacher"), "reacher")
     ds = record_standin(store, StandinConfig(episodes=60), tmp_path / "uploads").dataset
-    twin = calibrate(CalibrateConfig(max_windows=96, generations=24, search_generations=8, max_latency=2), ds, tmp_path / "twin")
+    twin = calibrate(CalibrateConfig(max_windows=96, generations=36, search_generations=6, max_latency=2), ds, tmp_path / "twin")
     truth = standin.hidden_params("reacher")
     assert twin.params.latency_steps == truth.latency_steps == 1
-    for name in ("damping", "actuator_gain"):
+    for name in ("damping", "actuator_gain", "friction"):
         assert getattr(twin.params, name) == pytest.approx(getattr(truth, name), rel=0.1), name
     assert twin.unidentified == ("mass",) and twin.params.mass == 1.0 and "mass" not in twin.uncertainty
     assert twin.replay_error_after * 5 < twin.replay_error_before

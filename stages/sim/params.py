@@ -1,10 +1,12 @@
 """Physical parameters of a robot model, and pure randomization around them.
 
-Parameters are multiplicative scales on the nominal MJCF values, so one set of names
+Most parameters are multiplicative scales on the nominal MJCF values, so one set of names
 fits every robot: ``damping`` (all joint damping), ``actuator_gain`` (all actuator gears),
-``mass`` (the masses of the task's ``mass_bodies``: scaling every mass together with
-damping and gain would leave the dynamics unchanged, so it is a payload-like scale), plus ``latency_steps`` (action delay in control steps) and
-``obs_noise`` (std of additive Gaussian observation noise, in observation units).
+``armature`` (all joint armature: reflected rotor inertia), ``mass`` (the masses of the task's
+``mass_bodies``: scaling every mass together with damping and gain would leave the dynamics
+unchanged, so it is a payload-like scale). ``friction`` is absolute: Coulomb friction (MuJoCo
+``frictionloss``, in joint units: N or N m) added on every actuated joint. Then ``latency_steps``
+(action delay in control steps) and ``obs_noise`` (std of additive Gaussian observation noise).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import mujoco
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-SCALED = ("damping", "actuator_gain", "mass")
+SCALED = ("damping", "actuator_gain", "armature", "mass")
 
 
 class PhysicalParams(BaseModel):
@@ -22,7 +24,9 @@ class PhysicalParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     damping: float = Field(1.0, gt=0, description="Scale on every joint's damping.")
     actuator_gain: float = Field(1.0, gt=0, description="Scale on every actuator's gear.")
+    armature: float = Field(1.0, gt=0, description="Scale on every joint's armature.")
     mass: float = Field(1.0, gt=0, description="Scale on the mass of the task's mass bodies.")
+    friction: float = Field(0.0, ge=0, description="Coulomb friction added on every actuated joint (N or N m).")
     latency_steps: int = Field(0, ge=0, description="Action delay in control steps.")
     obs_noise: float = Field(0.0, ge=0, description="Std of additive observation noise.")
 
@@ -33,8 +37,18 @@ class Randomization(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     damping: float = Field(0.2, ge=0, lt=1)
     actuator_gain: float = Field(0.1, ge=0, lt=1)
+    armature: float = Field(0.0, ge=0, lt=1)
     mass: float = Field(0.2, ge=0, lt=1)
+    friction: float = Field(0.0, ge=0, description="Extra friction sampled in [0, value] (joint units).")
     obs_noise: float = Field(0.0, ge=0, description="Extra noise std sampled in [0, value].")
+
+
+def actuated_dofs(model: mujoco.MjModel) -> np.ndarray:
+    """(nv,) bool: the degrees of freedom an actuator drives through a joint."""
+    mask = np.zeros(model.nv, dtype=bool)
+    joints = model.actuator_trnid[model.actuator_trntype == mujoco.mjtTrn.mjTRN_JOINT, 0]
+    mask[model.jnt_dofadr[joints]] = True
+    return mask
 
 
 def apply_params(
@@ -46,6 +60,8 @@ def apply_params(
     """
     scale = np.where(mass_mask, params.mass, 1.0)
     model.dof_damping[:] = nominal.dof_damping * params.damping
+    model.dof_armature[:] = nominal.dof_armature * params.armature
+    model.dof_frictionloss[:] = nominal.dof_frictionloss + np.where(actuated_dofs(nominal), params.friction, 0.0)
     model.actuator_gear[:, 0] = nominal.actuator_gear[:, 0] * params.actuator_gain
     model.body_mass[:] = nominal.body_mass * scale
     model.body_inertia[:] = nominal.body_inertia * scale[:, None]
@@ -53,7 +69,8 @@ def apply_params(
 
 
 def sample_params(centre: PhysicalParams, ranges: Randomization, rng: np.random.Generator) -> PhysicalParams:
-    """Uniform sample around ``centre``: each scale times U(1-r, 1+r); noise adds U(0, r)."""
+    """Uniform sample around ``centre``: each scale times U(1-r, 1+r); noise and friction add U(0, r)."""
     scaled = {name: getattr(centre, name) * rng.uniform(1 - getattr(ranges, name), 1 + getattr(ranges, name)) for name in SCALED}
     noise = centre.obs_noise + rng.uniform(0.0, ranges.obs_noise)
-    return centre.model_copy(update={**scaled, "obs_noise": noise})
+    friction = centre.friction + rng.uniform(0.0, ranges.friction)
+    return centre.model_copy(update={**scaled, "obs_noise": noise, "friction": friction})

@@ -3,7 +3,7 @@
 Short windows of the logs are replayed from their logged start states with the logged
 commanded controls, shifted by a candidate latency and held per control step. CMA-ES (the
 ``cmaes`` package) minimises the RMS error between replayed and logged joint positions over
-log-scales of the parameters; a whole generation (population × windows) replays in one
+log-scales of the scale parameters and a normalized friction; a whole generation (population × windows) replays in one
 ``mujoco.rollout`` call. Integer latency is searched: a short fit per candidate, then the
 best one is fitted to the end. Afterwards each parameter's sensitivity (how much a 10%
 change raises the replay error) is measured; a parameter the data cannot pin down is
@@ -31,9 +31,12 @@ from stages.sim.params import PhysicalParams, apply_params
 from stages.sim.registry import load
 from stages.sim.task import Task
 
-FITTED = ("damping", "actuator_gain", "mass")
-PROBE = np.log(1.1)
-"""Sensitivity probe: each fitted parameter scaled by 1.1 and 1/1.1."""
+FITTED = ("damping", "actuator_gain", "mass", "friction")
+LOG_SCALED = ("damping", "actuator_gain", "mass")
+"""Searched as log-scales in [0.2, 5]; ``friction`` as a fraction in [0, 1] of ``FRICTION_RANGE`` × max actuator effort."""
+FRICTION_RANGE = 0.2
+PROBE = 1.1
+"""Sensitivity probe: each fitted parameter scaled by 1.1 and 1/1.1 (friction: at least 1% of the max effort)."""
 
 
 class CalibrateConfig(BaseModel):
@@ -41,7 +44,7 @@ class CalibrateConfig(BaseModel):
     window: int = Field(20, ge=2, description="Replay window length in control steps.")
     max_windows: int = Field(192, ge=1, description="Windows sampled from the dataset.")
     generations: int = Field(40, ge=1, description="CMA-ES generations for the chosen latency.")
-    search_generations: int = Field(12, ge=1, description="CMA-ES generations per latency candidate.")
+    search_generations: int = Field(8, ge=1, description="CMA-ES generations per latency candidate.")
     max_latency: int = Field(3, ge=0, description="Largest actuation latency tried, in control steps.")
     population: int = Field(8, ge=4)
     min_sensitivity: float = Field(0.02, ge=0, description="A 10% change must raise the replay error by this fraction, "
@@ -108,27 +111,59 @@ class Replayer:
         return np.sqrt((diff**2).reshape(len(candidates), -1).mean(axis=1))
 
 
-def _params(prior: PhysicalParams, x: np.ndarray, latency: int) -> PhysicalParams:
-    return prior.model_copy(update={**{name: float(np.exp(v)) for name, v in zip(FITTED, x)}, "latency_steps": latency})
+def max_effort(task: Task) -> float:
+    """The largest actuator force or torque (gear × control limit), the unit of the friction search."""
+    m = task.model
+    return float(np.max(np.abs(m.actuator_gear[:, 0:1] * m.actuator_ctrlrange)))
 
 
-def _fit(replayer: Replayer, prior: PhysicalParams, latency: int, generations: int, cfg: CalibrateConfig,
+class Search:
+    """The CMA-ES search space: log-scales for ``LOG_SCALED``, a normalized fraction for friction."""
+
+    def __init__(self, task: Task, prior: PhysicalParams) -> None:
+        self.prior, self.friction_unit = prior, FRICTION_RANGE * max_effort(task)
+        self.bounds = np.array([np.log([0.2, 5.0])] * len(LOG_SCALED) + [[0.0, 1.0]])
+        self.start = np.array([0.0] * len(LOG_SCALED) + [0.05])
+
+    def params(self, x: np.ndarray, latency: int) -> PhysicalParams:
+        scales = {name: getattr(self.prior, name) * float(np.exp(v)) for name, v in zip(LOG_SCALED, x)}
+        return self.prior.model_copy(update={**scales, "friction": float(x[-1]) * self.friction_unit,
+                                             "latency_steps": latency})
+
+    def relative_sigma(self, optimizer: CMA, fitted: PhysicalParams) -> np.ndarray:
+        """1σ of the final search distribution, relative to the fitted value, per parameter."""
+        sigma = optimizer._sigma * np.sqrt(np.diag(optimizer._C))  # log-space std ≈ relative std
+        sigma[-1] = sigma[-1] * self.friction_unit / max(fitted.friction, 1e-12)
+        return sigma
+
+
+def _fit(replayer: Replayer, search: Search, latency: int, generations: int, cfg: CalibrateConfig,
          optimizer: CMA | None = None) -> tuple[CMA, float]:
     """Run (or continue) CMA-ES for one latency; return the optimizer and the best error seen."""
-    optimizer = optimizer or CMA(mean=np.zeros(len(FITTED)), sigma=0.3, bounds=np.log([[0.2, 5.0]] * len(FITTED)),
-                                 population_size=cfg.population, seed=cfg.seed)
+    optimizer = optimizer or CMA(mean=search.start, sigma=0.3, bounds=search.bounds, population_size=cfg.population,
+                                 seed=cfg.seed)
     best = np.inf
     for _ in range(generations):
         xs = [optimizer.ask() for _ in range(optimizer.population_size)]
-        errs = replayer.errors([_params(prior, x, latency) for x in xs])
+        errs = replayer.errors([search.params(x, latency) for x in xs])
         optimizer.tell(list(zip(xs, errs.tolist())))
         best = min(best, float(errs.min()))
     return optimizer, best
 
 
 def sensitivity(replayer: Replayer, fitted: PhysicalParams, error: float) -> dict[str, float]:
-    """Per fitted parameter: relative rise of the replay error when it is scaled by 1.1 and 1/1.1 (mean)."""
-    probes = [fitted.model_copy(update={name: getattr(fitted, name) * np.exp(s * PROBE)}) for name in FITTED for s in (1, -1)]
+    """Per fitted parameter: relative rise of the replay error when it is scaled by 1.1 and 1/1.1 (mean).
+
+    Friction near zero is probed at ±1% of the max actuator effort instead."""
+    floor = 0.01 * max_effort(replayer.task) / (PROBE - 1)
+    probes = []
+    for name in FITTED:
+        value = getattr(fitted, name)
+        if name == "friction" and value < floor:
+            probes += [fitted.model_copy(update={name: value + floor * (PROBE - 1)}),
+                       fitted.model_copy(update={name: max(value - floor * (PROBE - 1), 0.0)})]
+        else:
+            probes += [fitted.model_copy(update={name: value * PROBE}), fitted.model_copy(update={name: value / PROBE})]
     errs = replayer.errors(probes).reshape(len(FITTED), 2).mean(axis=1)
     return {name: float(e / error - 1) for name, e in zip(FITTED, errs)}
 
@@ -140,26 +175,26 @@ def noise_estimate(replayer: Replayer, fitted: PhysicalParams) -> float:
 
 
 def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec:
-    """Fit damping, actuator gain, mass scale and latency to ``dataset``; write ``out_dir/twin.json`` and a plot."""
+    """Fit damping, actuator gain, mass scale, friction and latency to ``dataset``; write ``out_dir/twin.json`` and a plot."""
     task = load(dataset.task)
     prior = task.nominal_params()
+    search = Search(task, prior)
     replayer = Replayer(task, windows(task, dataset, cfg), cfg.nthread)
-    searched = {lag: _fit(replayer, prior, lag, cfg.search_generations, cfg) for lag in range(cfg.max_latency + 1)}
+    searched = {lag: _fit(replayer, search, lag, cfg.search_generations, cfg) for lag in range(cfg.max_latency + 1)}
     latency = min(searched, key=lambda lag: searched[lag][1])
-    optimizer, _ = _fit(replayer, prior, latency, max(cfg.generations - cfg.search_generations, 0), cfg,
+    optimizer, _ = _fit(replayer, search, latency, max(cfg.generations - cfg.search_generations, 0), cfg,
                         searched[latency][0])
-    fitted = _params(prior, optimizer.mean, latency)
+    fitted = search.params(optimizer.mean, latency)
     after = float(replayer.errors([fitted])[0])
     sens = sensitivity(replayer, fitted, after)
     unidentified = tuple(name for name in FITTED if sens[name] < cfg.min_sensitivity)
     fitted = fitted.model_copy(update={name: getattr(prior, name) for name in unidentified})
     fitted = fitted.model_copy(update={"obs_noise": noise_estimate(replayer, fitted)})
     before, after = replayer.errors([prior, fitted]).tolist()
-    # relative 1-sigma of the final search distribution, per parameter (log-space std ≈ relative std)
-    cov = optimizer._C * optimizer._sigma**2
-    sigma = np.sqrt(np.diag(cov))
-    corr = cov / np.outer(sigma, sigma)
-    uncertainty = {name: float(s) for name, s, in zip(FITTED, sigma) if name not in unidentified}
+    cov = optimizer._C
+    corr = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
+    uncertainty = {name: float(s) for name, s in zip(FITTED, search.relative_sigma(optimizer, fitted))
+                   if name not in unidentified}
     robots = json.loads((dataset.path / "manifest.json").read_text())["robots"]
     spec = {
         "task": dataset.task,
