@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test up bench
+.PHONY: setup run test up browser
 
 setup: $(STAMP)
 
@@ -21,5 +21,10 @@ run: setup
 up: setup
 	$(BIN)/sim2edge up
 
-test: setup
+# Debian's chromium for the browser-driven UI test (as root; elsewhere that test skips and says why)
+browser:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q chromium >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || true
+
+test: setup browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests

@@ -34,7 +34,8 @@ def prefect_command(host: str, port: int) -> list[str]:
 
 
 def start(ws: Workspace, name: str, cmd: list[str], url: str, health: str, log: Path) -> Service:
-    env = dict(os.environ, PREFECT_HOME=str(ws.prefect_home))
+    # the UI's browser code calls the API at PREFECT_UI_API_URL (default: port 4200)
+    env = dict(os.environ, PREFECT_HOME=str(ws.prefect_home), PREFECT_UI_API_URL=f"{url}/api")
     env.pop("PREFECT_API_URL", None)
     out = open(log, "ab")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
