@@ -8,17 +8,17 @@ from typing import Optional
 
 from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
 
 from flows.params import NightlyParams, PipelineSummary
-from flows.sim_to_edge import summary_markdown, timed, twin_to_registry
+from flows.chain import summary_markdown, twin_to_registry
+from flows.stage_tasks import REGISTRY_IO, timed
 from flows.steps import collect_step
 from flows.workspace import Workspace
 from registry.tracking import RunContext, finish_pipeline, start_pipeline
 from stages.collect.store import IngestReport
 
 
-@task(cache_policy=NO_CACHE)
+@task(**REGISTRY_IO)
 def ingest_stage(ctx: RunContext, ws: Workspace, params: NightlyParams) -> IngestReport:
     return collect_step(ctx, ws, params.task, params.source, folder=Path(params.folder) if params.folder else None)
 

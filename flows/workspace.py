@@ -88,6 +88,8 @@ class Workspace(BaseModel):
     def configure_prefect(self) -> None:
         """Point Prefect at this workspace (call before importing prefect)."""
         os.environ.setdefault("PREFECT_HOME", str(self.prefect_home))
+        # persisted task results (the stage cache) live in the workspace
+        os.environ.setdefault("PREFECT_LOCAL_STORAGE_PATH", str(self.prefect_home / "storage"))
         os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
         # the temporary local API takes ~18 s to start on 2 loaded cores; Prefect's default limit is 20 s
         os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

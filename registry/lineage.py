@@ -22,11 +22,15 @@ def champion(client: MlflowClient, name: str) -> ModelVersion | None:
 
 
 def stage_artifact(client: MlflowClient, version: ModelVersion, stage: str, path: str, dst: Path) -> Path:
-    """Download artifact ``path`` of the ``stage`` run in the pipeline run that produced ``version``."""
+    """Download artifact ``path`` of the ``stage`` run in the pipeline run that produced ``version``.
+
+    A stage the pipeline run reused from an earlier run (tag ``sim2edge.reused.<stage>``) is read there."""
     parent = version.tags.get("sim2edge.pipeline_run_id")
     if not parent:
         raise ValueError(f"model version {version.name} v{version.version} has no sim2edge.pipeline_run_id tag")
-    experiment = client.get_run(parent).info.experiment_id
+    run = client.get_run(parent)
+    parent = run.data.tags.get(f"sim2edge.reused.{stage}", parent)
+    experiment = run.info.experiment_id
     runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and tags.`sim2edge.stage` = '{stage}'")
     if not runs:
         raise ValueError(f"pipeline run {parent} of {version.name} v{version.version} has no {stage!r} stage run")

@@ -24,6 +24,7 @@ def workspace(tmp_path_factory) -> Workspace:
     """A fresh SIM2EDGE_HOME for the whole session."""
     home = tmp_path_factory.mktemp("sim2edge-home")
     os.environ["SIM2EDGE_HOME"] = str(home)
+    os.environ["PREFECT_LOCAL_STORAGE_PATH"] = str(home / "prefect" / "storage")  # the stage cache, per session
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     return Workspace(home=home)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL

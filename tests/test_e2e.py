@@ -125,13 +125,14 @@ def test_failing_gate_registers_a_challenger_and_keeps_the_champion(pipeline, cl
 
 def test_stage_failure_moves_no_alias_and_leaves_no_version(pipeline, client, monkeypatch):
     import flows.sim_to_edge as flow_module
+    import flows.stage_tasks as stage_tasks
 
     versions = {v.version for v in client.search_model_versions("name='cartpole'")}
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected packaging failure")
 
-    monkeypatch.setattr(flow_module, "package", broken)
+    monkeypatch.setattr(stage_tasks, "package", broken)
     with pytest.raises(RuntimeError, match="injected packaging failure"):
         flow_module.sim_to_edge(SimToEdgeParams(iterations=1, eval_episodes=4))
     assert {v.version for v in client.search_model_versions("name='cartpole'")} == versions

@@ -1,0 +1,101 @@
+"""The chain both flows share after collection: calibrate → train → export → evaluate → package → register."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from edge.runtime import OnnxRuntime
+from flows.params import PipelineParams, PipelineSummary
+from flows.stage_tasks import (calibrate_stage, evaluate_stage, export_stage, package_and_register, timed,
+                               train_stage)
+from flows.workspace import Workspace
+from registry import lineage
+from registry.tracking import RunContext
+from stages.artifacts import Dataset, EvalReport
+from stages.export import ExportConfig
+from stages.sim.registry import load
+from stages.train import TrainConfig
+from stages.twin.calibrate import CalibrateConfig
+from stages.twin.evaluate import Champion, EvalConfig
+
+
+def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *args: Any) -> Any:
+    """Run a cached stage task; tag the pipeline run when it reused an earlier run's result.
+
+    A cached result whose files are gone is recomputed (``refresh_cache``)."""
+    result = call(*args)
+    if not Path(result.path).exists():
+        result = call.with_options(refresh_cache=True)(*args)
+    path = Path(result.path).resolve()
+    if not path.is_relative_to(out.resolve()):
+        runs = out.resolve().parent
+        origin = path.relative_to(runs).parts[0] if path.is_relative_to(runs) else str(path)
+        ctx.client.set_tag(ctx.parent_run_id, f"sim2edge.reused.{stage}", origin)
+        print(f"{stage}: unchanged inputs, reused the result of pipeline run {origin}")
+    return result
+
+
+def champion_for(ctx: RunContext, name: str, obs_dim: int, out: Path) -> tuple[Optional[Champion], Optional[Path]]:
+    """The current champion's ONNX (for the paired comparison) and checkpoint (for warm starts), if any.
+
+    A champion whose policy takes a different observation size (the task changed) is not comparable: None.
+    """
+    version = lineage.champion(ctx.client, name)
+    if version is None:
+        return None, None
+    onnx = lineage.stage_artifact(ctx.client, version, "export", "onnx/policy.onnx", out / "onnx")
+    checkpoint = lineage.stage_artifact(ctx.client, version, "train", "checkpoint/model.pt", out / "checkpoint")
+    if OnnxRuntime(onnx).session.get_inputs()[0].shape[-1] != obs_dim:
+        print(f"champion v{version.version} takes a different observation size; not compared")
+        return None, None
+    return Champion(version=version.version, onnx=onnx), checkpoint
+
+
+def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds: Dataset, out: Path,
+                     timings: dict[str, float], warm_start: bool) -> tuple[PipelineSummary, EvalReport]:
+    """calibrate → train (optionally from the champion) → export → evaluate (vs the champion) → package → register."""
+    with timed(timings, "calibrate"):
+        twin = cached(ctx, "calibrate", out, calibrate_stage, ctx, CalibrateConfig(seed=params.seed), ds, out / "twin")
+    champion, champion_ckpt = champion_for(ctx, params.policy_name, load(params.task).obs_dim, out / "champion")
+    start_from = champion_ckpt if warm_start else None
+    with timed(timings, "train"):
+        ckpt = cached(ctx, "train", out, train_stage, ctx, TrainConfig(task=params.task, iterations=params.iterations,
+                                                                       num_envs=params.num_envs, seed=params.seed),
+                      twin.params, out / "checkpoint", start_from)
+    with timed(timings, "export"):
+        policy = cached(ctx, "export", out, export_stage, ctx, ExportConfig(seed=params.seed), ckpt, out / "onnx")
+    with timed(timings, "evaluate"):
+        report = cached(ctx, "evaluate", out, evaluate_stage, ctx,
+                        EvalConfig(episodes=params.eval_episodes, seed=params.seed + 1000), params, policy, twin,
+                        out / "evaluation", champion)
+    with timed(timings, "package + register"):
+        bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle")
+    summary = PipelineSummary(
+        policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
+        mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,
+        mlflow_run_id=ctx.parent_run_id, tracking_uri=ctx.tracking_uri,
+        pull_command=pull_command(params.policy_name, alias, ws, ctx.tracking_uri), stage_seconds=timings,
+        dataset_version=ds.version, warm_started_from=champion.version if champion and start_from else None,
+        compared_with=champion.version if champion else None,
+    )
+    return summary, report
+
+
+def pull_command(policy: str, alias: str, ws: Workspace, tracking_uri: str) -> str:
+    registry = tracking_uri if tracking_uri.startswith("http") else "http://127.0.0.1:5000"
+    return (f"sim2edge-agent pull {policy}@{alias} --registry {registry} --root {ws.device_root} "
+            f"--trust {ws.keys_dir / 'signing.pub'} --skip-target-check")
+
+
+def summary_markdown(s: PipelineSummary) -> str:
+    rows = "\n".join(f"| {k} | {v:.1f} s |" for k, v in s.stage_seconds.items())
+    gate = "\n".join(f"- {r}" for r in s.gate_reasons)
+    lineage_line = (f"Dataset v{s.dataset_version:04d}"
+                    + (f"; warm-started from v{s.warm_started_from}" if s.warm_started_from else "")
+                    + (f"; compared with champion v{s.compared_with} on the same seeds" if s.compared_with else ""))
+    return (f"# {s.policy} v{s.version} → `{s.alias}`\n\n"
+            f"Success rate {s.success_rate:.2f}, mean return {s.mean_return:.1f}\n\n{lineage_line}\n\n{gate}\n\n"
+            f"| stage | time |\n|---|---|\n{rows}\n\n"
+            f"MLflow run `{s.mlflow_run_id}` on {s.tracking_uri}\n\nBundle sha256 `{s.bundle_sha256}`\n\n"
+            f"```\n{s.pull_command}\n```\n")

@@ -1,0 +1,147 @@
+"""The pipeline's stages as Prefect tasks. Deterministic stages (calibrate, train, export,
+evaluate) persist their results under an input-based cache key (``flows/caching.py``), so an
+unchanged re-run reuses them and a failed run resumes at the stage that failed. Registry I/O
+(collect, package, register) always runs."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.error
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import requests
+from mlflow.exceptions import MlflowException
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
+from rich.progress import Progress
+
+from edge.bundle import sha256_path
+from flows.caching import stage_key, task_version
+from flows.params import PipelineParams
+from flows.steps import calibrate_step, collect_step
+from flows.workspace import Workspace
+from registry import models
+from registry.tracking import RunContext, stage_run
+from stages.artifacts import BundleArtifact, Checkpoint, Dataset, EvalReport, ExportedPolicy, TwinSpec
+from stages.collect.ingest import StandinConfig
+from stages.export import ExportConfig, export
+from stages.package import PackageConfig, manifest_for, package
+from stages.sim.params import PhysicalParams
+from stages.train import TrainConfig, train
+from stages.twin.calibrate import CalibrateConfig
+from stages.twin.evaluate import Champion, EvalConfig, evaluate
+
+
+TRANSIENT = (ConnectionError, TimeoutError, urllib.error.URLError, requests.exceptions.ConnectionError,
+             requests.exceptions.Timeout)
+
+
+def transient(task: object, task_run: object, state: object) -> bool:
+    """Retry network and registry I/O failures only; a deterministic failure fails at once."""
+    exc = state.result(raise_on_failure=False)
+    if isinstance(exc, MlflowException):  # the client's own HTTP retries gave up, or the server is unavailable
+        return exc.error_code == "TEMPORARILY_UNAVAILABLE" or any(
+            s in str(exc) for s in ("Max retries exceeded", "Connection", "status code 502", "status code 503"))
+    return isinstance(exc, TRANSIENT)
+
+
+REGISTRY_IO = dict(cache_policy=NO_CACHE, retries=3, retry_delay_seconds=exponential_backoff(backoff_factor=2),
+                   retry_condition_fn=transient)
+
+
+@contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Record the wall time of the block under ``name``."""
+    start = time.perf_counter()
+    yield
+    timings[name] = round(time.perf_counter() - start, 2)
+
+
+@task(**REGISTRY_IO)
+def collect_stage(ctx: RunContext, ws: Workspace, task_ref: str, cfg: StandinConfig) -> Dataset:
+    return collect_step(ctx, ws, task_ref, "standin", cfg).dataset
+
+
+@task(cache_key_fn=stage_key("calibrate", lambda p: [p["cfg"].model_dump(), p["dataset"].digest,
+                                                     task_version(p["dataset"].task)]))
+def calibrate_stage(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out: Path) -> TwinSpec:
+    return calibrate_step(ctx, cfg, dataset, out)
+
+
+@task(cache_key_fn=stage_key("train", lambda p: [p["cfg"].model_dump(), p["twin"].model_dump(), task_version(p["cfg"].task),
+                                             sha256_path(p["warm_start"]) if p.get("warm_start") else None]))
+def train_stage(ctx: RunContext, cfg: TrainConfig, twin: PhysicalParams, out: Path,
+                warm_start: Optional[Path] = None) -> Checkpoint:
+    with stage_run(ctx, "train", {**cfg.model_dump(), "warm_start": warm_start}) as run, Progress(transient=True) as bar:
+        job = bar.add_task(f"PPO {cfg.task}", total=cfg.iterations)
+
+        def report(it: int, metrics: dict[str, float]) -> None:
+            run.metrics(metrics, step=it)
+            bar.update(job, advance=1, description=f"PPO {cfg.task} return {metrics['mean_return']:.1f}")
+
+        ckpt = train(cfg, twin, out, on_iteration=report, warm_start=warm_start)
+        run.artifact(ckpt.path, "checkpoint")
+        return ckpt
+
+
+@task(cache_key_fn=stage_key("export", lambda p: [p["cfg"].model_dump(), p["ckpt"].digest]))
+def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path) -> ExportedPolicy:
+    with stage_run(ctx, "export", cfg.model_dump()) as run:
+        policy = export(cfg, ckpt, out)
+        run.metrics({"parity_max_abs_error": policy.parity_max_abs_error})
+        run.artifact(out, "onnx")
+        return policy
+
+
+@task(cache_key_fn=stage_key("evaluate", lambda p: [
+    p["cfg"].model_dump(), p["params"].gate.model_dump(), p["policy"].digest, p["twin"].digest,
+    task_version(p["policy"].task), sha256_path(p["champion"].onnx) if p.get("champion") else None]))
+def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: PipelineParams, policy: ExportedPolicy,
+                   twin: TwinSpec, out: Path, champion: Optional[Champion] = None) -> EvalReport:
+    with stage_run(ctx, "evaluate", {**cfg.model_dump(), **params.gate.model_dump(),
+                                     "champion": champion.version if champion else None}) as run:
+        report = evaluate(cfg, params.gate, policy, twin, out, champion)
+        run.metrics({"success_rate": report.success_rate, "mean_return": report.mean_return,
+                     **({"champion_mean_return": report.champion_mean_return} if champion else {})})
+        run.tags({"sim2edge.gate": "pass" if report.passed else "fail"})
+        run.artifact(report.path, "evaluation")
+        return report
+
+
+@task(**REGISTRY_IO)
+def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace, ds: Dataset, twin: TwinSpec,
+                         ckpt: Checkpoint, policy: ExportedPolicy, report: EvalReport, out: Path) -> tuple[BundleArtifact, str, str]:
+    """Reserve a model version, write the signed bundle for it, log it, then tag and move the alias."""
+    cfg = PackageConfig(target=params.target)
+    client = ctx.client
+    with stage_run(ctx, "package", cfg.model_dump()) as run:
+        version = models.reserve_version(client, params.policy_name, run.run_id, run.artifact_uri + "/bundle",
+                                         {"sim2edge.target": cfg.target})
+        try:
+            provenance = {"mlflow_run_id": ctx.parent_run_id, "package_run_id": run.run_id,
+                          "model_version": version, "git_commit": _git_commit()}
+            manifest = manifest_for(cfg, params.policy_name, version, policy, report, ckpt, twin, ds, provenance)
+            bundle = package(cfg, manifest, policy, ws.keys_dir, out / "bundle.tar")
+            run.artifact(bundle.path, "bundle")
+            run.tags({"sim2edge.bundle_sha256": bundle.digest, "sim2edge.model_version": version})
+            bundle_path = models.proxy_path(run.artifact_uri + "/bundle/bundle.tar", ws.artifact_root())
+        except BaseException:
+            client.delete_model_version(params.policy_name, version)
+            raise
+    with stage_run(ctx, "register", {"model": params.policy_name, "version": version}) as run:
+        alias = models.publish(client, params.policy_name, version, bundle_path, bundle.digest, bundle.path.stat().st_size,
+                               report.passed and params.promote,
+                               {"sim2edge.success_rate": report.success_rate, "sim2edge.mean_return": report.mean_return,
+                                "sim2edge.dataset_digest": ds.digest, "sim2edge.twin_digest": twin.digest,
+                                "sim2edge.pipeline_run_id": ctx.parent_run_id})
+        run.tags({"sim2edge.alias": alias})
+    return bundle, version, alias
+
+
+def _git_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+    return out.stdout.strip() or "unknown"

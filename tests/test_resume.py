@@ -1,0 +1,66 @@
+"""Stage caching: an unchanged re-run reuses finished stages; a run that failed at evaluation resumes there."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from flows.params import SimToEdgeParams
+
+pytestmark = pytest.mark.slow
+PARAMS = SimToEdgeParams(iterations=4, num_envs=32, eval_episodes=8, seed=11)
+
+
+def _stage_runs(client: MlflowClient, parent_id: str) -> set[str]:
+    parent = client.get_run(parent_id)
+    runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+    return {r.info.run_name for r in runs}
+
+
+def _latest_parent(client: MlflowClient) -> str:
+    experiment = client.get_experiment_by_name("sim2edge/cartpole").experiment_id
+    runs = client.search_runs([experiment], "tags.`sim2edge.task` = 'cartpole'", order_by=["attributes.start_time DESC"])
+    return runs[0].info.run_id
+
+
+def test_failed_evaluation_resumes_without_retraining(mlflow_server, prefect_harness, monkeypatch):
+    import flows.stage_tasks as stage_tasks
+    from flows.sim_to_edge import sim_to_edge
+
+    client = MlflowClient(mlflow_server)
+    real = stage_tasks.evaluate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected evaluation failure")
+
+    monkeypatch.setattr(stage_tasks, "evaluate", broken)
+    with pytest.raises(RuntimeError, match="injected evaluation failure"):
+        sim_to_edge(PARAMS)
+    failed = _latest_parent(client)
+    assert client.get_run(failed).info.status == "FAILED"
+    assert {"calibrate", "train", "export", "evaluate"} <= _stage_runs(client, failed)
+
+    monkeypatch.setattr(stage_tasks, "evaluate", real)
+    resumed = sim_to_edge(PARAMS)
+    tags = client.get_run(resumed.mlflow_run_id).data.tags
+    assert tags["sim2edge.reused.train"] == tags["sim2edge.reused.export"] == tags["sim2edge.reused.calibrate"] == failed
+    assert "sim2edge.reused.evaluate" not in tags
+    assert _stage_runs(client, resumed.mlflow_run_id) == {"collect", "evaluate", "package", "register"}
+
+    again = sim_to_edge(PARAMS)
+    tags = client.get_run(again.mlflow_run_id).data.tags
+    assert tags["sim2edge.reused.evaluate"] == resumed.mlflow_run_id and tags["sim2edge.reused.train"] == failed
+    assert again.success_rate == resumed.success_rate and again.version != resumed.version
+    assert again.stage_seconds["train"] < 5
+
+
+def test_only_network_and_registry_failures_are_retried():
+    from mlflow.exceptions import MlflowException
+    from prefect.states import Failed
+
+    from flows.stage_tasks import transient
+
+    assert transient(None, None, Failed(data=ConnectionError("connection refused")))
+    assert transient(None, None, Failed(data=MlflowException("API request failed: Max retries exceeded with url")))
+    assert not transient(None, None, Failed(data=ValueError("no dataset for task 'cartpole'")))
+    assert not transient(None, None, Failed(data=MlflowException("RESOURCE_DOES_NOT_EXIST", error_code="RESOURCE_DOES_NOT_EXIST")))
