@@ -66,3 +66,24 @@ def test_success_is_reaching_the_target(reacher):
     qpos[0, 2:] = fingertip(qpos[:1])[0]  # target under the fingertip
     qpos[1, 2:] = (0.0, 0.1)
     assert reacher.succeeded(qpos, np.zeros((2, 4))).tolist() == [True, False]
+
+
+def test_gymnasium_vector_adapter_drives_like_gymnasium():
+    from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+    from stages.sim.gym_vector import GymVectorEnv
+
+    env = RecordEpisodeStatistics(GymVectorEnv("reacher", 4, seed=0))
+    obs, _ = env.reset(seed=1)
+    assert obs.shape == (4, 10) and env.single_observation_space.contains(obs[0])
+    finished = 0
+    for t in range(50):
+        obs, reward, terminated, truncated, infos = env.step(env.action_space.sample())
+        assert obs.shape == (4, 10) and reward.shape == (4,) and not terminated.any()
+        if truncated.any():
+            finished += int(truncated.sum())
+            assert t == 49 and infos["_final_obs"].all() and infos["final_obs"][0].shape == (10,)
+            assert np.allclose(infos["episode"]["r"], infos["final_info"]["episode_return"], atol=1e-4)
+    assert finished == 4
+    again = GymVectorEnv("reacher", 4, seed=0)
+    np.testing.assert_array_equal(again.reset(seed=1)[0], GymVectorEnv("reacher", 4).reset(seed=1)[0])

@@ -31,6 +31,8 @@ class StepResult:
     """Episodes that ended in this step; the ``finished_*`` arrays follow ``np.flatnonzero(done)``."""
     finished_returns: np.ndarray
     finished_success: np.ndarray
+    final_obs: np.ndarray
+    """Observations of the finished episodes' last states, before the auto-reset."""
 
 
 class BatchedEnv:
@@ -138,5 +140,9 @@ class BatchedEnv:
         success = truncated[done] & (returns >= self.task.success_threshold)
         if done.any():
             success &= self.task.succeeded(qpos[done], qvel[done])
-        obs = self.reset(done) if done.any() else self.observe()
-        return StepResult(obs, reward, terminated, truncated, done, returns, success)
+        if done.any():
+            final_obs = self.observe()[done]
+            obs = self.reset(done)
+        else:
+            final_obs, obs = np.zeros((0, self.task.obs_dim), dtype=np.float32), self.observe()
+        return StepResult(obs, reward, terminated, truncated, done, returns, success, final_obs)
