@@ -11,13 +11,25 @@ from flows.stage_tasks import (calibrate_stage, evaluate_stage, export_stage, pa
                                train_stage)
 from flows.workspace import Workspace
 from registry import lineage
-from registry.tracking import RunContext
-from stages.artifacts import Dataset, EvalReport
+from mlflow.tracking import MlflowClient
+
+from registry.tracking import RunContext, ensure_experiment, fail_orphans, start_pipeline
+from stages.artifacts import Dataset, EvalReport, remove_partial
 from stages.export import ExportConfig
 from stages.sim.registry import load
 from stages.train import TrainConfig
 from stages.twin.calibrate import CalibrateConfig
 from stages.twin.evaluate import Champion, EvalConfig
+
+
+def begin_pipeline(ws: Workspace, experiment: str, run_name: str, tags: dict[str, str]) -> RunContext:
+    """Start a pipeline run; first mark FAILED the runs a killed process left RUNNING, and delete their partial outputs."""
+    tracking_uri = ws.tracking_uri()
+    client = MlflowClient(tracking_uri)
+    for run_id in fail_orphans(client, ensure_experiment(client, experiment, ws.artifact_root())):
+        for partial in remove_partial(ws.runs / run_id):
+            print(f"removed the partial output {partial} of killed run {run_id}")
+    return start_pipeline(tracking_uri, experiment, ws.artifact_root(), run_name, tags)
 
 
 def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *args: Any) -> Any:

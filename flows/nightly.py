@@ -10,11 +10,11 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows.params import NightlyParams, PipelineSummary
-from flows.chain import summary_markdown, twin_to_registry
+from flows.chain import begin_pipeline, summary_markdown, twin_to_registry
 from flows.stage_tasks import REGISTRY_IO, timed
 from flows.steps import collect_step
 from flows.workspace import Workspace
-from registry.tracking import RunContext, finish_pipeline, start_pipeline
+from registry.tracking import RunContext, finish_pipeline
 from stages.collect.store import IngestReport
 
 
@@ -27,8 +27,7 @@ def ingest_stage(ctx: RunContext, ws: Workspace, params: NightlyParams) -> Inges
 def nightly_retrain(params: NightlyParams = NightlyParams()) -> Optional[PipelineSummary]:
     """Retrain on what the robots logged since the last run; None when skipped for lack of new data."""
     ws = Workspace.from_env()
-    ctx = start_pipeline(ws.tracking_uri(), f"sim2edge/{params.policy_name}", ws.artifact_root(),
-                         f"nightly-retrain {params.policy_name}",
+    ctx = begin_pipeline(ws, f"sim2edge/{params.policy_name}", f"nightly-retrain {params.policy_name}",
                          {"sim2edge.task": params.task, "sim2edge.target": params.target, "sim2edge.flow": "nightly-retrain"})
     out = ws.runs / ctx.parent_run_id
     timings: dict[str, float] = {}

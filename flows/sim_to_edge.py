@@ -5,11 +5,11 @@ from __future__ import annotations
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
-from flows.chain import summary_markdown, twin_to_registry
+from flows.chain import begin_pipeline, summary_markdown, twin_to_registry
 from flows.params import PipelineSummary, SimToEdgeParams
 from flows.stage_tasks import collect_stage, timed
 from flows.workspace import Workspace
-from registry.tracking import finish_pipeline, start_pipeline
+from registry.tracking import finish_pipeline
 from stages.collect.ingest import StandinConfig
 from stages.standin import LABEL
 
@@ -18,8 +18,7 @@ from stages.standin import LABEL
 def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
     """The whole chain for one task and target, tracked in MLflow, ending in a registered bundle."""
     ws = Workspace.from_env()
-    ctx = start_pipeline(ws.tracking_uri(), f"sim2edge/{params.policy_name}", ws.artifact_root(),
-                         f"sim-to-edge {params.policy_name}",
+    ctx = begin_pipeline(ws, f"sim2edge/{params.policy_name}", f"sim-to-edge {params.policy_name}",
                          {"sim2edge.task": params.task, "sim2edge.target": params.target, "sim2edge.robot": LABEL})
     out = ws.runs / ctx.parent_run_id
     timings: dict[str, float] = {}

@@ -7,6 +7,8 @@ in Prefect's worker threads log to the right run.
 from __future__ import annotations
 
 import math
+import os
+import socket
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -40,18 +42,52 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | Non
     return client.create_experiment(name, artifact_location=location)
 
 
+OWNER = "sim2edge.owner"
+"""Tag on every run: ``<host>:<pid>`` of the process that logs it, so a killed process's runs can be found."""
+
+
+def owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_orphans(client: MlflowClient, experiment_id: str) -> list[str]:
+    """Mark FAILED the runs left RUNNING by a process of this host that no longer exists (killed mid-run)."""
+    host = socket.gethostname()
+    orphans = []
+    for run in client.search_runs([experiment_id], "attributes.status = 'RUNNING'", max_results=1000):
+        who = run.data.tags.get(OWNER, "")
+        name, _, pid = who.rpartition(":")
+        if name == host and pid.isdigit() and not _alive(int(pid)):
+            client.set_tag(run.info.run_id, "sim2edge.failure", f"process {who} ended without finishing this run")
+            client.set_terminated(run.info.run_id, "FAILED")
+            orphans.append(run.info.run_id)
+    return orphans
+
+
 def start_pipeline(tracking_uri: str, experiment: str, artifact_root: Path | None, run_name: str,
                    tags: Mapping[str, str]) -> RunContext:
     client = MlflowClient(tracking_uri)
     experiment_id = ensure_experiment(client, experiment, artifact_root)
-    run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+    run = client.create_run(experiment_id, run_name=run_name, tags={**tags, OWNER: owner()})
     return RunContext(tracking_uri=tracking_uri, experiment_id=experiment_id, parent_run_id=run.info.run_id)
 
 
 def standalone(tracking_uri: str, experiment: str, artifact_root: Path | None) -> RunContext:
     """Where a single stage run from the CLI logs: the task's experiment, no parent run."""
     client = MlflowClient(tracking_uri)
-    return RunContext(tracking_uri=tracking_uri, experiment_id=ensure_experiment(client, experiment, artifact_root))
+    experiment_id = ensure_experiment(client, experiment, artifact_root)
+    fail_orphans(client, experiment_id)
+    return RunContext(tracking_uri=tracking_uri, experiment_id=experiment_id)
 
 
 def finish_pipeline(ctx: RunContext, ok: bool) -> None:
@@ -92,7 +128,7 @@ class StageRun:
 def stage_run(ctx: RunContext, stage: str, params: Mapping[str, object]) -> Iterator[StageRun]:
     """A nested run for ``stage`` with its params; FAILED if the block raises, FINISHED otherwise."""
     client = ctx.client
-    tags = {"sim2edge.stage": stage}
+    tags = {"sim2edge.stage": stage, OWNER: owner()}
     if ctx.parent_run_id:
         tags["mlflow.parentRunId"] = ctx.parent_run_id
     run = client.create_run(ctx.experiment_id, run_name=stage, tags=tags)

@@ -34,6 +34,14 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def remove_partial(root: Path) -> list[Path]:
+    """Delete what an interrupted ``atomic_dir`` left under ``root`` (its hidden temporary siblings)."""
+    partial = [p for p in root.rglob(".*") if p.is_dir() and "." in p.name[1:]] if root.exists() else []
+    for p in partial:
+        shutil.rmtree(p, ignore_errors=True)
+    return partial
+
+
 class Artifact(BaseModel):
     """Every artifact's ``task`` is the task reference it was made with (a name or ``module:Class``)."""
 
