@@ -10,7 +10,7 @@ from flows.params import PipelineParams, PipelineSummary
 from flows.stage_tasks import (calibrate_stage, evaluate_stage, export_stage, package_and_register, timed,
                                train_stage)
 from flows.workspace import Workspace
-from registry import lineage
+from registry import lineage, models
 from mlflow.tracking import MlflowClient
 
 from registry.tracking import RunContext, ensure_experiment, fail_orphans, start_pipeline
@@ -69,6 +69,7 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
     """calibrate → train (optionally from the champion) → export → evaluate (vs the champion) → package → register."""
     with timed(timings, "calibrate"):
         twin = cached(ctx, "calibrate", out, calibrate_stage, ctx, CalibrateConfig(seed=params.seed), ds, out / "twin")
+    seen = models.current_champion(ctx.client, params.policy_name)  # only this one may be replaced
     champion, champion_ckpt = champion_for(ctx, params.policy_name, load(params.task).obs_dim, out / "champion")
     start_from = champion_ckpt if warm_start else None
     with timed(timings, "train"):
@@ -82,7 +83,8 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
                         EvalConfig(episodes=params.eval_episodes, seed=params.seed + 1000), params, policy, twin,
                         out / "evaluation", champion)
     with timed(timings, "package + register"):
-        bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle")
+        bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle",
+                                                      seen)
     summary = PipelineSummary(
         policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
         mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,

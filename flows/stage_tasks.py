@@ -114,7 +114,8 @@ def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: PipelineParams, pol
 
 @task(**REGISTRY_IO)
 def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace, ds: Dataset, twin: TwinSpec,
-                         ckpt: Checkpoint, policy: ExportedPolicy, report: EvalReport, out: Path) -> tuple[BundleArtifact, str, str]:
+                         ckpt: Checkpoint, policy: ExportedPolicy, report: EvalReport, out: Path,
+                         expected_champion: Optional[str]) -> tuple[BundleArtifact, str, str]:
     """Reserve a model version, write the signed bundle for it, log it, then tag and move the alias."""
     cfg = PackageConfig(target=params.target)
     client = ctx.client
@@ -137,7 +138,7 @@ def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace,
                                report.passed and params.promote,
                                {"sim2edge.success_rate": report.success_rate, "sim2edge.mean_return": report.mean_return,
                                 "sim2edge.dataset_digest": ds.digest, "sim2edge.twin_digest": twin.digest,
-                                "sim2edge.pipeline_run_id": ctx.parent_run_id})
+                                "sim2edge.pipeline_run_id": ctx.parent_run_id}, expected_champion)
         run.tags({"sim2edge.alias": alias})
     return bundle, version, alias
 

@@ -5,20 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlflow.entities.model_registry import ModelVersion
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from registry.models import CHAMPION
+from registry.models import current_champion
 
 
 def champion(client: MlflowClient, name: str) -> ModelVersion | None:
     """The version ``name@champion`` points at, or None (no model or no champion yet)."""
-    try:
-        return client.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException as e:
-        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
-            return None
-        raise
+    version = current_champion(client, name)
+    return None if version is None else client.get_model_version(name, version)
 
 
 def stage_artifact(client: MlflowClient, version: ModelVersion, stage: str, path: str, dst: Path) -> Path:

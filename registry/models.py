@@ -36,12 +36,29 @@ def reserve_version(client: MlflowClient, name: str, run_id: str, source: str, t
     return str(client.create_model_version(name, source=source, run_id=run_id, tags=tags).version)
 
 
+def current_champion(client: MlflowClient, name: str) -> str | None:
+    try:
+        return client.get_model_version_by_alias(name, CHAMPION).version
+    except MlflowException as e:
+        if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+
+
 def publish(client: MlflowClient, name: str, version: str, bundle_path: str, sha256: str, size: int,
-            passed: bool, tags: dict) -> str:
-    """Tag the version with its bundle, then move the alias last; return the alias."""
+            passed: bool, tags: dict, expected_champion: str | None) -> str:
+    """Tag the version with its bundle, then move the alias last; return the alias.
+
+    ``champion`` moves only if the gate passed *and* the champion is still ``expected_champion``
+    (the one this run was compared against): of two overlapping runs, only one can promote.
+    """
     for k, v in {**tags, TAG_PATH: bundle_path, TAG_SHA256: sha256, TAG_SIZE: str(size),
                  "sim2edge.gate": "pass" if passed else "fail"}.items():
         client.set_model_version_tag(name, version, k, str(v))
     alias = CHAMPION if passed else CHALLENGER
+    if passed and (now := current_champion(client, name)) != expected_champion:
+        client.set_model_version_tag(name, version, "sim2edge.not_promoted",
+                                     f"the champion changed during this run (v{expected_champion} → v{now})")
+        alias = CHALLENGER
     client.set_registered_model_alias(name, alias, version)
     return alias
