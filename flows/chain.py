@@ -7,11 +7,12 @@ from typing import Any, Callable, Optional
 
 from edge.runtime import OnnxRuntime
 from flows.params import PipelineParams, PipelineSummary
-from flows.stage_tasks import (calibrate_stage, evaluate_stage, export_stage, package_and_register, timed,
-                               train_stage)
+from flows.stage_tasks import (calibrate_stage, evaluate_shard, evaluate_stage, export_stage, package_and_register,
+                               timed, train_stage)
 from flows.workspace import Workspace
 from registry import lineage, models
 from mlflow.tracking import MlflowClient
+from prefect import unmapped
 
 from registry.tracking import RunContext, ensure_experiment, fail_orphans, start_pipeline
 from stages.artifacts import Dataset, EvalReport, remove_partial
@@ -19,7 +20,8 @@ from stages.export import ExportConfig
 from stages.sim.registry import load
 from stages.train import TrainConfig
 from stages.twin.calibrate import CalibrateConfig
-from stages.twin.evaluate import Champion, EvalConfig
+from stages.sim.params import PhysicalParams
+from stages.twin.evaluate import Champion, EvalConfig, Shard, shard_jobs
 
 
 def begin_pipeline(ws: Workspace, experiment: str, run_name: str, tags: dict[str, str]) -> RunContext:
@@ -46,6 +48,15 @@ def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *ar
         ctx.client.set_tag(ctx.parent_run_id, f"sim2edge.reused.{stage}", origin)
         print(f"{stage}: unchanged inputs, reused the result of pipeline run {origin}")
     return result
+
+
+def fan_out(cfg: EvalConfig, onnx: Path, champion: Optional[Champion], task_ref: str,
+            params: PhysicalParams) -> tuple[list[Shard], Optional[list[Shard]]]:
+    """Run the challenger's (and the champion's) evaluation shards through the flow's task runner."""
+    jobs = shard_jobs(cfg, onnx) + (shard_jobs(cfg, champion.onnx) if champion else [])
+    results = [f.result() for f in evaluate_shard.map(jobs, task_ref=unmapped(task_ref), params=unmapped(params))]
+    n = len(results) // (2 if champion else 1)
+    return results[:n], (results[n:] if champion else None)
 
 
 def champion_for(ctx: RunContext, name: str, obs_dim: int, out: Path) -> tuple[Optional[Champion], Optional[Path]]:
@@ -79,9 +90,10 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
     with timed(timings, "export"):
         policy = cached(ctx, "export", out, export_stage, ctx, ExportConfig(seed=params.seed), ckpt, out / "onnx")
     with timed(timings, "evaluate"):
-        report = cached(ctx, "evaluate", out, evaluate_stage, ctx,
-                        EvalConfig(episodes=params.eval_episodes, seed=params.seed + 1000), params, policy, twin,
-                        out / "evaluation", champion)
+        cfg = EvalConfig(episodes=params.eval_episodes, seed=params.seed + 1000)
+        shards, champion_shards = fan_out(cfg, policy.path, champion, params.task, twin.params)
+        report = cached(ctx, "evaluate", out, evaluate_stage, ctx, cfg, params, policy, twin, out / "evaluation",
+                        champion, shards, champion_shards)
     with timed(timings, "package + register"):
         bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle",
                                                       seen)

@@ -13,6 +13,7 @@ from flows.params import NightlyParams, PipelineSummary
 from flows.chain import begin_pipeline, summary_markdown, twin_to_registry
 from flows.stage_tasks import REGISTRY_IO, timed
 from flows.steps import collect_step
+from flows.runners import task_runner
 from flows.workspace import Workspace
 from registry.tracking import RunContext, finish_pipeline
 from stages.collect.store import IngestReport
@@ -23,7 +24,7 @@ def ingest_stage(ctx: RunContext, ws: Workspace, params: NightlyParams) -> Inges
     return collect_step(ctx, ws, params.task, params.source, folder=Path(params.folder) if params.folder else None)
 
 
-@flow(name="nightly-retrain", log_prints=True)
+@flow(name="nightly-retrain", log_prints=True, task_runner=task_runner())
 def nightly_retrain(params: NightlyParams = NightlyParams()) -> Optional[PipelineSummary]:
     """Retrain on what the robots logged since the last run; None when skipped for lack of new data."""
     ws = Workspace.from_env()

@@ -8,13 +8,14 @@ from prefect.artifacts import create_markdown_artifact
 from flows.chain import begin_pipeline, summary_markdown, twin_to_registry
 from flows.params import PipelineSummary, SimToEdgeParams
 from flows.stage_tasks import collect_stage, timed
+from flows.runners import task_runner
 from flows.workspace import Workspace
 from registry.tracking import finish_pipeline
 from stages.collect.ingest import StandinConfig
 from stages.standin import LABEL
 
 
-@flow(name="sim-to-edge", log_prints=True)
+@flow(name="sim-to-edge", log_prints=True, task_runner=task_runner())
 def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
     """The whole chain for one task and target, tracked in MLflow, ending in a registered bundle."""
     ws = Workspace.from_env()

@@ -33,7 +33,7 @@ from stages.package import PackageConfig, manifest_for, package
 from stages.sim.params import PhysicalParams
 from stages.train import TrainConfig, train
 from stages.twin.calibrate import CalibrateConfig
-from stages.twin.evaluate import Champion, EvalConfig, evaluate
+from stages.twin.evaluate import Champion, EvalConfig, Shard, ShardJob, evaluate, run_shard
 
 
 TRANSIENT = (ConnectionError, TimeoutError, urllib.error.URLError, requests.exceptions.ConnectionError,
@@ -97,14 +97,22 @@ def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path
         return policy
 
 
+@task(cache_key_fn=stage_key("shard", lambda p: [p["job"].seed, p["job"].episodes, sha256_path(p["job"].onnx),
+                                             p["params"].model_dump(), task_version(p["task_ref"])]))
+def evaluate_shard(job: ShardJob, task_ref: str, params: PhysicalParams) -> Shard:
+    """One batch of evaluation episodes; the flow maps these over its task runner."""
+    return run_shard(job, task_ref, params)
+
+
 @task(cache_key_fn=stage_key("evaluate", lambda p: [
     p["cfg"].model_dump(), p["params"].gate.model_dump(), p["policy"].digest, p["twin"].digest,
     task_version(p["policy"].task), sha256_path(p["champion"].onnx) if p.get("champion") else None]))
 def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: PipelineParams, policy: ExportedPolicy,
-                   twin: TwinSpec, out: Path, champion: Optional[Champion] = None) -> EvalReport:
+                   twin: TwinSpec, out: Path, champion: Optional[Champion], shards: list[Shard],
+                   champion_shards: Optional[list[Shard]]) -> EvalReport:
     with stage_run(ctx, "evaluate", {**cfg.model_dump(), **params.gate.model_dump(),
                                      "champion": champion.version if champion else None}) as run:
-        report = evaluate(cfg, params.gate, policy, twin, out, champion)
+        report = evaluate(cfg, params.gate, policy, twin, out, champion, shards, champion_shards)
         run.metrics({"success_rate": report.success_rate, "mean_return": report.mean_return,
                      **({"champion_mean_return": report.champion_mean_return} if champion else {})})
         run.tags({"sim2edge.gate": "pass" if report.passed else "fail"})

@@ -1,4 +1,9 @@
-"""Evaluate the exported ONNX policy — the artifact that ships — in the twin, seeded."""
+"""Evaluate the exported ONNX policy — the artifact that ships — in the twin, seeded.
+
+Episodes run in shards (each a seeded batch of parallel environments), so a flow can fan
+them out through its task runner; the champion runs the same shards with the same seeds,
+which pairs its episodes with the challenger's.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from edge.bundle import sha256_path
 from edge.runtime import OnnxRuntime
 from stages.artifacts import EvalReport, ExportedPolicy, TwinSpec, atomic_dir
+from stages.sim.params import PhysicalParams
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
 from stages.twin.gate import GateConfig, decide
@@ -21,6 +27,41 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     episodes: int = Field(32, ge=1, description="Seeded episodes, one per parallel environment.")
     seed: int = Field(1000, description="Seed of initial states (disjoint from training seeds).")
+    shards: int = Field(4, ge=1, description="Batches the episodes are split into (units of fan-out).")
+
+
+class ShardJob(BaseModel):
+    """One batch of episodes: a policy, a seed, a count."""
+
+    model_config = ConfigDict(frozen=True)
+    onnx: Path
+    seed: int
+    episodes: int
+
+
+class Shard(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    returns: tuple[float, ...]
+    success: tuple[bool, ...]
+    nan_actions: int
+
+
+def shard_jobs(cfg: EvalConfig, onnx: Path) -> list[ShardJob]:
+    """The episodes split into ``cfg.shards`` seeded batches (shard k has seed ``cfg.seed + k``)."""
+    sizes = [len(part) for part in np.array_split(np.arange(cfg.episodes), min(cfg.shards, cfg.episodes))]
+    return [ShardJob(onnx=onnx, seed=cfg.seed + k, episodes=n) for k, n in enumerate(sizes)]
+
+
+def run_shard(job: ShardJob, task_ref: str, params: PhysicalParams) -> Shard:
+    """Run one shard's episodes in the twin with the policy through the device runtime code."""
+    result = run_episodes(OnnxRuntime(job.onnx), BatchedEnv(load(task_ref), job.episodes, params=params, seed=job.seed))
+    return Shard(returns=tuple(result["returns"].tolist()), success=tuple(result["success"].tolist()),
+                 nan_actions=result["nan_actions"])
+
+
+def _merge(shards: list[Shard]) -> dict:
+    return {"returns": np.concatenate([s.returns for s in shards]), "success": np.concatenate([s.success for s in shards]),
+            "nan_actions": sum(s.nan_actions for s in shards)}
 
 
 def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> dict:
@@ -56,16 +97,20 @@ class Champion(BaseModel):
 
 
 def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: TwinSpec, out_dir: Path,
-             champion: Champion | None = None) -> EvalReport:
-    """Seeded episodes in the twin (and the champion's on the same seeds); write ``report.json``."""
-    task = load(policy.task)
-    result = run_episodes(OnnxRuntime(policy.path), BatchedEnv(task, cfg.episodes, params=twin.params, seed=cfg.seed))
+             champion: Champion | None = None, shards: list[Shard] | None = None,
+             champion_shards: list[Shard] | None = None) -> EvalReport:
+    """Seeded episodes in the twin (and the champion's on the same seeds); write ``report.json``.
+
+    ``shards`` / ``champion_shards``: results of :func:`shard_jobs` already run elsewhere (a fan-out);
+    by default they run here, one after another."""
+    shards = shards or [run_shard(j, policy.task, twin.params) for j in shard_jobs(cfg, policy.path)]
+    result = _merge(shards)
     success_rate, mean_return = float(result["success"].mean()), float(result["returns"].mean())
     success_ci = wilson(int(result["success"].sum()), cfg.episodes)
     return_ci = bootstrap_mean(result["returns"], seed=cfg.seed)
     comparison = None
     if champion is not None:
-        base = run_episodes(OnnxRuntime(champion.onnx), BatchedEnv(task, cfg.episodes, params=twin.params, seed=cfg.seed))
+        base = _merge(champion_shards or [run_shard(j, policy.task, twin.params) for j in shard_jobs(cfg, champion.onnx)])
         diff = result["returns"] - base["returns"]
         comparison = {"champion_version": champion.version, "champion_mean_return": float(base["returns"].mean()),
                       "champion_success_rate": float(base["success"].mean()), "mean_difference": float(diff.mean()),
