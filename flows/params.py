@@ -7,7 +7,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge.targets import load_target
-from stages.sim.registry import load
+from stages.sim.registry import load, names
 from stages.twin.gate import GateConfig
 
 
@@ -15,7 +15,8 @@ class PipelineParams(BaseModel):
     """What every pipeline flow takes: task, target, training budget, evaluation and gates."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    task: str = Field("cartpole", description="Registered task (`sim2edge tasks`) or module:Class.")
+    task: str = Field("cartpole", description="Registered task (`sim2edge tasks`); module:Class from the CLI.",
+                      json_schema_extra={"enum": names()})  # the UI's picker; the validator below accepts module:Class
     target: str = Field("orin-jp6.1", description="Jetson target profile (`sim2edge targets`).")
     iterations: int = Field(100, ge=1, le=100000, description="PPO iterations.")
     num_envs: int = Field(128, ge=1, le=16384, description="Parallel simulated environments in training.")

@@ -28,7 +28,8 @@ def test_deploy_registers_both_with_the_nightly_schedule(prefect_harness, tmp_pa
     assert nightly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
     assert nightly.work_pool_name == manual.work_pool_name == "test-pool"
     assert manual.schedules == [] and nightly.entrypoint == "flows/nightly.py:nightly_retrain"
-    assert "task" in manual.parameter_openapi_schema["definitions"]["SimToEdgeParams"]["properties"]
+    task = manual.parameter_openapi_schema["definitions"]["SimToEdgeParams"]["properties"]["task"]
+    assert task["enum"] == ["cartpole", "reacher"]  # the form's picker lists the registered tasks
 
 
 def test_served_deployments_match_prefect_yaml():

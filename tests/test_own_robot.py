@@ -53,3 +53,15 @@ def test_sim2edge_run_with_own_task_from_the_cli(tmp_path):
     assert (tmp_path / "mlflow" / "mlflow.db").exists() and (tmp_path / "keys" / "signing.pub").exists()
     bundles = list((tmp_path / "runs").glob("*/bundle/bundle.tar"))
     assert len(bundles) == 1
+
+
+def test_a_task_from_an_entry_point_is_registered(tmp_path, monkeypatch):
+    from stages.sim import registry
+
+    dist = tmp_path / "my_robots-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-robots\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[sim2edge.tasks]\nmy-pendulum = examples.pendulum:Pendulum\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "my-pendulum" in registry.names()
+    assert registry.load("my-pendulum").name == "pendulum"

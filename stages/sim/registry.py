@@ -1,8 +1,14 @@
-"""The one lazy task registry: names map to factories; tasks are built on first use."""
+"""The one lazy task registry: names map to factories; tasks are built on first use.
+
+Other packages add tasks through the ``sim2edge.tasks`` entry-point group
+(``mytask = mypkg.mymodule:MyTask``); those names then appear everywhere a registered name
+does (``sim2edge tasks``, the Prefect form's task picker). ``module:Class`` works without one.
+"""
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from typing import Callable
 
 from stages.sim.task import Task
@@ -20,8 +26,12 @@ def register(name: str, factory: str | Callable[[], Task]) -> None:
     _BUILT.pop(name, None)
 
 
+def _plugins() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group="sim2edge.tasks")}
+
+
 def names() -> list[str]:
-    return sorted(_FACTORIES)
+    return sorted({**_plugins(), **_FACTORIES})
 
 
 def _resolve(path: str) -> Callable[[], Task]:
@@ -35,6 +45,8 @@ def load(name: str) -> Task:
         return _BUILT[name]
     if name in _FACTORIES:
         factory = _FACTORIES[name]
+    elif name in (plugins := _plugins()):
+        factory = plugins[name]
     elif ":" in name:
         factory = name
     else:
