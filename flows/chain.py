@@ -103,7 +103,8 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
         mlflow_run_id=ctx.parent_run_id, tracking_uri=ctx.tracking_uri,
         pull_command=pull_command(params.policy_name, alias, ws, ctx.tracking_uri), stage_seconds=timings,
         dataset_version=ds.version, warm_started_from=champion.version if champion and start_from else None,
-        compared_with=champion.version if champion else None,
+        compared_with=champion.version if champion else None, champion_mean_return=report.champion_mean_return,
+        champion_success_rate=report.champion_success_rate, mlflow_experiment_id=ctx.experiment_id,
     )
     return summary, report
 
@@ -115,13 +116,23 @@ def pull_command(policy: str, alias: str, ws: Workspace, tracking_uri: str) -> s
 
 
 def summary_markdown(s: PipelineSummary) -> str:
+    """The flow run's Prefect artifact: decision, evaluation and gate tables, timings, lineage, links."""
+    champion = f"v{s.compared_with}" if s.compared_with else "none"
+    def cell(v: Optional[float], fmt: str) -> str:
+        return "" if v is None else format(v, fmt)
+
+    evaluation = (f"| metric | challenger v{s.version} | champion {champion} |\n|---|---|---|\n"
+                  f"| success rate | {s.success_rate:.2f} | {cell(s.champion_success_rate, '.2f')} |\n"
+                  f"| mean return | {s.mean_return:.1f} | {cell(s.champion_mean_return, '.1f')} |")
+    gate = "\n".join(f"| {r.split(': ', 1)[1]} | {'✅' if r.startswith('pass') else '❌'} |" for r in s.gate_reasons)
     rows = "\n".join(f"| {k} | {v:.1f} s |" for k, v in s.stage_seconds.items())
-    gate = "\n".join(f"- {r}" for r in s.gate_reasons)
     lineage_line = (f"Dataset v{s.dataset_version:04d}"
                     + (f"; warm-started from v{s.warm_started_from}" if s.warm_started_from else "")
                     + (f"; compared with champion v{s.compared_with} on the same seeds" if s.compared_with else ""))
-    return (f"# {s.policy} v{s.version} → `{s.alias}`\n\n"
-            f"Success rate {s.success_rate:.2f}, mean return {s.mean_return:.1f}\n\n{lineage_line}\n\n{gate}\n\n"
-            f"| stage | time |\n|---|---|\n{rows}\n\n"
-            f"MLflow run `{s.mlflow_run_id}` on {s.tracking_uri}\n\nBundle sha256 `{s.bundle_sha256}`\n\n"
+    run = f"`{s.mlflow_run_id}` on {s.tracking_uri}"
+    if s.tracking_uri.startswith("http"):
+        run = f"[{s.mlflow_run_id}]({s.tracking_uri}/#/experiments/{s.mlflow_experiment_id}/runs/{s.mlflow_run_id})"
+    return (f"# {s.policy} v{s.version} → `{s.alias}`\n\n{lineage_line}\n\n{evaluation}\n\n"
+            f"| gate | |\n|---|---|\n{gate}\n\n| stage | time |\n|---|---|\n{rows}\n\n"
+            f"MLflow run {run}\n\nBundle sha256 `{s.bundle_sha256}`\n\nPull it onto a device:\n\n"
             f"```\n{s.pull_command}\n```\n")

@@ -81,3 +81,6 @@ class PipelineSummary(BaseModel):
     dataset_version: int = 0
     warm_started_from: Optional[str] = None
     compared_with: Optional[str] = None
+    champion_mean_return: Optional[float] = None
+    champion_success_rate: Optional[float] = None
+    mlflow_experiment_id: str = ""

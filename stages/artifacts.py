@@ -102,6 +102,7 @@ class EvalReport(Artifact):
     champion_version: str | None = None
     """The champion compared against on the same seeds (None: there was none)."""
     champion_mean_return: float | None = None
+    champion_success_rate: float | None = None
 
 
 class BundleArtifact(Artifact):

@@ -140,4 +140,5 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
     return EvalReport(path=path, digest=sha256_path(path), episodes=cfg.episodes, success_rate=success_rate,
                       mean_return=mean_return, passed=passed, reasons=reasons,
                       champion_version=champion.version if champion else None,
-                      champion_mean_return=comparison["champion_mean_return"] if comparison else None)
+                      champion_mean_return=comparison["champion_mean_return"] if comparison else None,
+                      champion_success_rate=comparison["champion_success_rate"] if comparison else None)
