@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -15,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from prefect import unmapped
 
 from registry.tracking import RunContext, ensure_experiment, fail_orphans, start_pipeline
-from stages.artifacts import Dataset, EvalReport, remove_partial
+from stages.artifacts import Checkpoint, Dataset, EvalReport, remove_partial
 from stages.export import ExportConfig
 from stages.sim.registry import load
 from stages.train import TrainConfig
@@ -34,13 +35,15 @@ def begin_pipeline(ws: Workspace, experiment: str, run_name: str, tags: dict[str
     return start_pipeline(tracking_uri, experiment, ws.artifact_root(), run_name, tags)
 
 
-def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *args: Any) -> Any:
-    """Run a cached stage task; tag the pipeline run when it reused an earlier run's result.
+def record(ctx: RunContext, stage: str, out: Path, result: Any, rerun: Callable[[], Any]) -> Any:
+    """Check a stage's (possibly cached) result and note on the pipeline run which stage run made it.
 
-    A cached result whose files are gone is recomputed (``refresh_cache``)."""
-    result = call(*args)
+    A cached result whose files are gone is recomputed (``rerun``); one from an earlier pipeline run
+    is tagged ``sim2edge.reused.<stage>`` with that run."""
     if not Path(result.path).exists():
-        result = call.with_options(refresh_cache=True)(*args)
+        result = rerun()
+    if result.run_id:
+        ctx.client.set_tag(ctx.parent_run_id, f"sim2edge.stage_run.{stage}", result.run_id)
     path = Path(result.path).resolve()
     if not path.is_relative_to(out.resolve()):
         runs = out.resolve().parent
@@ -48,6 +51,28 @@ def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *ar
         ctx.client.set_tag(ctx.parent_run_id, f"sim2edge.reused.{stage}", origin)
         print(f"{stage}: unchanged inputs, reused the result of pipeline run {origin}")
     return result
+
+
+def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *args: Any) -> Any:
+    """Run a cached stage task and :func:`record` its result."""
+    return record(ctx, stage, out, call(*args), lambda: call.with_options(refresh_cache=True)(*args))
+
+
+def train_seeds(ctx: RunContext, params: PipelineParams, twin: PhysicalParams, out: Path,
+                start_from: Optional[Path]) -> Checkpoint:
+    """Train ``params.train_seeds`` seeds over the flow's task runner; keep the best final training return."""
+    cfgs = [TrainConfig(task=params.task, iterations=params.iterations, num_envs=params.num_envs, seed=params.seed + k)
+            for k in range(params.train_seeds)]
+    if len(cfgs) == 1:
+        return cached(ctx, "train", out, train_stage, ctx, cfgs[0], twin, out / "checkpoint", start_from)
+    outs = [out / f"checkpoint-seed{c.seed}" for c in cfgs]
+    futures = train_stage.map(unmapped(ctx), cfgs, unmapped(twin), outs, unmapped(start_from), progress=unmapped(False))
+    ckpts = [f.result() for f in futures]
+    best = max(range(len(ckpts)), key=lambda i: ckpts[i].final_return)
+    ctx.client.set_tag(ctx.parent_run_id, "sim2edge.train_seeds",
+                       json.dumps({c.seed: k.final_return for c, k in zip(cfgs, ckpts)}))
+    return record(ctx, "train", out, ckpts[best],
+                  lambda: train_stage.with_options(refresh_cache=True)(ctx, cfgs[best], twin, outs[best], start_from, False))
 
 
 def fan_out(cfg: EvalConfig, onnx: Path, champion: Optional[Champion], task_ref: str,
@@ -84,9 +109,7 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
     champion, champion_ckpt = champion_for(ctx, params.policy_name, load(params.task).obs_dim, out / "champion")
     start_from = champion_ckpt if warm_start else None
     with timed(timings, "train"):
-        ckpt = cached(ctx, "train", out, train_stage, ctx, TrainConfig(task=params.task, iterations=params.iterations,
-                                                                       num_envs=params.num_envs, seed=params.seed),
-                      twin.params, out / "checkpoint", start_from)
+        ckpt = train_seeds(ctx, params, twin.params, out, start_from)
     with timed(timings, "export"):
         policy = cached(ctx, "export", out, export_stage, ctx, ExportConfig(seed=params.seed), ckpt, out / "onnx")
     with timed(timings, "evaluate"):

@@ -21,6 +21,8 @@ class PipelineParams(BaseModel):
     iterations: int = Field(100, ge=1, le=100000, description="PPO iterations.")
     num_envs: int = Field(128, ge=1, le=16384, description="Parallel simulated environments in training.")
     seed: int = Field(0, description="Seed for collection, training and evaluation.")
+    train_seeds: int = Field(1, ge=1, le=64, description="Independent PPO runs (seed, seed+1, …) fanned out over the "
+                                                        "task runner; the best final training return is exported.")
     eval_episodes: int = Field(32, ge=1, description="Seeded evaluation episodes in the twin.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Floors the policy must clear.")
     promote: bool = Field(True, description="Set `champion` when the gate passes (else always `challenger`).")

@@ -75,8 +75,10 @@ def calibrate_stage(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out
 @task(cache_key_fn=stage_key("train", lambda p: [p["cfg"].model_dump(), p["twin"].model_dump(), task_version(p["cfg"].task),
                                              sha256_path(p["warm_start"]) if p.get("warm_start") else None]))
 def train_stage(ctx: RunContext, cfg: TrainConfig, twin: PhysicalParams, out: Path,
-                warm_start: Optional[Path] = None) -> Checkpoint:
-    with stage_run(ctx, "train", {**cfg.model_dump(), "warm_start": warm_start}) as run, Progress(transient=True) as bar:
+                warm_start: Optional[Path] = None, progress: bool = True) -> Checkpoint:
+    """``progress``: a terminal progress bar (off when several seeds train at once: one live display only)."""
+    with stage_run(ctx, "train", {**cfg.model_dump(), "warm_start": warm_start}) as run, \
+            Progress(transient=True, disable=not progress) as bar:
         job = bar.add_task(f"PPO {cfg.task}", total=cfg.iterations)
 
         def report(it: int, metrics: dict[str, float]) -> None:
@@ -85,7 +87,7 @@ def train_stage(ctx: RunContext, cfg: TrainConfig, twin: PhysicalParams, out: Pa
 
         ckpt = train(cfg, twin, out, on_iteration=report, warm_start=warm_start)
         run.artifact(ckpt.path, "checkpoint")
-        return ckpt
+        return ckpt.model_copy(update={"run_id": run.run_id})
 
 
 @task(cache_key_fn=stage_key("export", lambda p: [p["cfg"].model_dump(), p["ckpt"].digest]))
@@ -94,7 +96,7 @@ def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path
         policy = export(cfg, ckpt, out)
         run.metrics({"parity_max_abs_error": policy.parity_max_abs_error})
         run.artifact(out, "onnx")
-        return policy
+        return policy.model_copy(update={"run_id": run.run_id})
 
 
 @task(cache_key_fn=stage_key("shard", lambda p: [p["job"].seed, p["job"].episodes, sha256_path(p["job"].onnx),
@@ -117,7 +119,7 @@ def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: PipelineParams, pol
                      **({"champion_mean_return": report.champion_mean_return} if champion else {})})
         run.tags({"sim2edge.gate": "pass" if report.passed else "fail"})
         run.artifact(report.path, "evaluation")
-        return report
+        return report.model_copy(update={"run_id": run.run_id})
 
 
 @task(**REGISTRY_IO)

@@ -72,4 +72,4 @@ def calibrate_step(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out:
         run.tags({"sim2edge.twin_digest": twin.digest, "sim2edge.dataset_digest": dataset.digest,
                   "sim2edge.unidentified": ",".join(twin.unidentified) or "none"})
         run.artifact(out, "twin")
-    return twin
+    return twin.model_copy(update={"run_id": run.run_id})

@@ -19,15 +19,13 @@ def champion(client: MlflowClient, name: str) -> ModelVersion | None:
 def stage_artifact(client: MlflowClient, version: ModelVersion, stage: str, path: str, dst: Path) -> Path:
     """Download artifact ``path`` of the ``stage`` run in the pipeline run that produced ``version``.
 
-    A stage the pipeline run reused from an earlier run (tag ``sim2edge.reused.<stage>``) is read there."""
+    The pipeline run names the stage run whose result it used (tag ``sim2edge.stage_run.<stage>``: the
+    best of several training seeds, or a run reused from an earlier pipeline run)."""
     parent = version.tags.get("sim2edge.pipeline_run_id")
     if not parent:
         raise ValueError(f"model version {version.name} v{version.version} has no sim2edge.pipeline_run_id tag")
-    run = client.get_run(parent)
-    parent = run.data.tags.get(f"sim2edge.reused.{stage}", parent)
-    experiment = run.info.experiment_id
-    runs = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and tags.`sim2edge.stage` = '{stage}'")
-    if not runs:
-        raise ValueError(f"pipeline run {parent} of {version.name} v{version.version} has no {stage!r} stage run")
+    stage_run = client.get_run(parent).data.tags.get(f"sim2edge.stage_run.{stage}")
+    if not stage_run:
+        raise ValueError(f"pipeline run {parent} of {version.name} v{version.version} names no {stage!r} stage run")
     dst.mkdir(parents=True, exist_ok=True)
-    return Path(client.download_artifacts(runs[0].info.run_id, path, str(dst)))
+    return Path(client.download_artifacts(stage_run, path, str(dst)))

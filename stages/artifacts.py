@@ -48,6 +48,8 @@ class Artifact(BaseModel):
     model_config = ConfigDict(frozen=True)
     path: Path
     digest: str
+    run_id: str | None = None
+    """The MLflow run that produced it (set by the pipeline; None outside one)."""
 
 
 class Dataset(Artifact):

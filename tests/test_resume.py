@@ -64,3 +64,25 @@ def test_only_network_and_registry_failures_are_retried():
     assert transient(None, None, Failed(data=MlflowException("API request failed: Max retries exceeded with url")))
     assert not transient(None, None, Failed(data=ValueError("no dataset for task 'cartpole'")))
     assert not transient(None, None, Failed(data=MlflowException("RESOURCE_DOES_NOT_EXIST", error_code="RESOURCE_DOES_NOT_EXIST")))
+
+
+def test_training_seeds_fan_out_and_the_best_is_exported(mlflow_server, prefect_harness, tmp_path):
+    import json
+
+    from flows.sim_to_edge import sim_to_edge
+    from registry import lineage
+
+    client = MlflowClient(mlflow_server)
+    summary = sim_to_edge(SimToEdgeParams(iterations=3, num_envs=16, train_seeds=2, eval_episodes=4, seed=31))
+    parent = client.get_run(summary.mlflow_run_id)
+    finals = json.loads(parent.data.tags["sim2edge.train_seeds"])
+    trains = client.search_runs([parent.info.experiment_id],
+                                f"tags.mlflow.parentRunId = '{parent.info.run_id}' and tags.`sim2edge.stage` = 'train'")
+    assert sorted(r.data.params["seed"] for r in trains) == sorted(finals) == ["31", "32"]
+    chosen = client.get_run(parent.data.tags["sim2edge.stage_run.train"])
+    assert chosen.data.params["seed"] == max(finals, key=finals.get)
+    version = client.get_model_version("cartpole", summary.version)
+    ckpt = lineage.stage_artifact(client, version, "train", "checkpoint/model.pt", tmp_path)
+    import torch
+
+    assert torch.load(ckpt, weights_only=False)["infos"]["config"]["seed"] == int(chosen.data.params["seed"])
