@@ -11,12 +11,12 @@ from flows.params import PipelineParams, PipelineSummary
 from flows.stage_tasks import (calibrate_stage, evaluate_shard, evaluate_stage, export_stage, package_and_register,
                                timed, train_stage)
 from flows.workspace import Workspace
-from registry import lineage, models
-from mlflow.tracking import MlflowClient
+from registry import lineage
+from mlflow.entities.model_registry import ModelVersion
 from prefect import unmapped
 
-from registry.tracking import RunContext, ensure_experiment, fail_orphans, start_pipeline
-from stages.artifacts import Checkpoint, Dataset, EvalReport, remove_partial
+from registry.tracking import RunContext, fail_orphans, start_pipeline
+from stages.artifacts import Checkpoint, Dataset, remove_partial
 from stages.export import ExportConfig
 from stages.sim.registry import load
 from stages.train import TrainConfig
@@ -27,12 +27,11 @@ from stages.twin.evaluate import Champion, EvalConfig, Shard, shard_jobs
 
 def begin_pipeline(ws: Workspace, experiment: str, run_name: str, tags: dict[str, str]) -> RunContext:
     """Start a pipeline run; first mark FAILED the runs a killed process left RUNNING, and delete their partial outputs."""
-    tracking_uri = ws.tracking_uri()
-    client = MlflowClient(tracking_uri)
-    for run_id in fail_orphans(client, ensure_experiment(client, experiment, ws.artifact_root())):
+    ctx = start_pipeline(ws.tracking_uri(), experiment, ws.artifact_root(), run_name, tags)
+    for run_id in fail_orphans(ctx.client, ctx.experiment_id):  # this run's owner is alive: never among them
         for partial in remove_partial(ws.runs / run_id):
             print(f"removed the partial output {partial} of killed run {run_id}")
-    return start_pipeline(tracking_uri, experiment, ws.artifact_root(), run_name, tags)
+    return ctx
 
 
 def record(ctx: RunContext, stage: str, out: Path, result: Any, rerun: Callable[[], Any]) -> Any:
@@ -84,12 +83,12 @@ def fan_out(cfg: EvalConfig, onnx: Path, champion: Optional[Champion], task_ref:
     return results[:n], (results[n:] if champion else None)
 
 
-def champion_for(ctx: RunContext, name: str, obs_dim: int, out: Path) -> tuple[Optional[Champion], Optional[Path]]:
-    """The current champion's ONNX (for the paired comparison) and checkpoint (for warm starts), if any.
+def champion_for(ctx: RunContext, version: Optional[ModelVersion], obs_dim: int,
+                 out: Path) -> tuple[Optional[Champion], Optional[Path]]:
+    """The champion ``version``'s ONNX (for the paired comparison) and checkpoint (for warm starts), if any.
 
     A champion whose policy takes a different observation size (the task changed) is not comparable: None.
     """
-    version = lineage.champion(ctx.client, name)
     if version is None:
         return None, None
     onnx = lineage.stage_artifact(ctx.client, version, "export", "onnx/policy.onnx", out / "onnx")
@@ -101,12 +100,12 @@ def champion_for(ctx: RunContext, name: str, obs_dim: int, out: Path) -> tuple[O
 
 
 def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds: Dataset, out: Path,
-                     timings: dict[str, float], warm_start: bool) -> tuple[PipelineSummary, EvalReport]:
+                     timings: dict[str, float], warm_start: bool) -> PipelineSummary:
     """calibrate → train (optionally from the champion) → export → evaluate (vs the champion) → package → register."""
     with timed(timings, "calibrate"):
         twin = cached(ctx, "calibrate", out, calibrate_stage, ctx, CalibrateConfig(seed=params.seed), ds, out / "twin")
-    seen = models.current_champion(ctx.client, params.policy_name)  # only this one may be replaced
-    champion, champion_ckpt = champion_for(ctx, params.policy_name, load(params.task).obs_dim, out / "champion")
+    seen = lineage.champion(ctx.client, params.policy_name)  # only this one may be replaced
+    champion, champion_ckpt = champion_for(ctx, seen, load(params.task).obs_dim, out / "champion")
     start_from = champion_ckpt if warm_start else None
     with timed(timings, "train"):
         ckpt = train_seeds(ctx, params, twin.params, out, start_from)
@@ -119,8 +118,8 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
                         champion, shards, champion_shards)
     with timed(timings, "package + register"):
         bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle",
-                                                      seen)
-    summary = PipelineSummary(
+                                                      seen.version if seen else None)
+    return PipelineSummary(
         policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
         mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,
         mlflow_run_id=ctx.parent_run_id, tracking_uri=ctx.tracking_uri,
@@ -129,7 +128,6 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
         compared_with=champion.version if champion else None, champion_mean_return=report.champion_mean_return,
         champion_success_rate=report.champion_success_rate, mlflow_experiment_id=ctx.experiment_id,
     )
-    return summary, report
 
 
 def pull_command(policy: str, alias: str, ws: Workspace, tracking_uri: str) -> str:

@@ -45,7 +45,7 @@ def nightly_retrain(params: NightlyParams = NightlyParams()) -> Optional[Pipelin
             return None
         ctx.client.set_tag(ctx.parent_run_id, "sim2edge.nightly",
                            "new telemetry" if ingest.new_version else "retrained without new telemetry")
-        summary, _ = twin_to_registry(ctx, ws, params, ingest.dataset, out, timings, warm_start=params.warm_start)
+        summary = twin_to_registry(ctx, ws, params, ingest.dataset, out, timings, warm_start=params.warm_start)
     except BaseException:
         finish_pipeline(ctx, ok=False)
         raise

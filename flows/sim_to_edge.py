@@ -26,7 +26,7 @@ def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
     try:
         with timed(timings, "collect"):
             ds = collect_stage(ctx, ws, params.task, StandinConfig(episodes=params.collect_episodes, seed=params.seed))
-        summary, _ = twin_to_registry(ctx, ws, params, ds, out, timings, warm_start=False)
+        summary = twin_to_registry(ctx, ws, params, ds, out, timings, warm_start=False)
     except BaseException:
         finish_pipeline(ctx, ok=False)
         raise
