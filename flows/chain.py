@@ -77,7 +77,8 @@ def train_seeds(ctx: RunContext, params: PipelineParams, twin: PhysicalParams, o
 def fan_out(cfg: EvalConfig, onnx: Path, champion: Optional[Champion], task_ref: str,
             params: PhysicalParams) -> tuple[list[Shard], Optional[list[Shard]]]:
     """Run the challenger's (and the champion's) evaluation shards through the flow's task runner."""
-    jobs = shard_jobs(cfg, onnx) + (shard_jobs(cfg, champion.onnx) if champion else [])
+    suite = cfg.load_suite(task_ref)
+    jobs = shard_jobs(cfg, suite, onnx) + (shard_jobs(cfg, suite, champion.onnx) if champion else [])
     results = [f.result() for f in evaluate_shard.map(jobs, task_ref=unmapped(task_ref), params=unmapped(params))]
     n = len(results) // (2 if champion else 1)
     return results[:n], (results[n:] if champion else None)
@@ -127,6 +128,7 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
         dataset_version=ds.version, warm_started_from=champion.version if champion and start_from else None,
         compared_with=champion.version if champion else None, champion_mean_return=report.champion_mean_return,
         champion_success_rate=report.champion_success_rate, mlflow_experiment_id=ctx.experiment_id,
+        scenarios=report.scenarios, sim_to_real_gap=report.sim_to_real_gap,
     )
 
 
@@ -142,9 +144,13 @@ def summary_markdown(s: PipelineSummary) -> str:
     def cell(v: Optional[float], fmt: str) -> str:
         return "" if v is None else format(v, fmt)
 
-    evaluation = (f"| metric | challenger v{s.version} | champion {champion} |\n|---|---|---|\n"
-                  f"| success rate | {s.success_rate:.2f} | {cell(s.champion_success_rate, '.2f')} |\n"
-                  f"| mean return | {s.mean_return:.1f} | {cell(s.champion_mean_return, '.1f')} |")
+    evaluation = (f"| scenario | success v{s.version} | success {champion} | return v{s.version} | return {champion} |\n"
+                  "|---|---|---|---|---|\n" + "\n".join(
+                      f"| {r.name} | {r.success_rate:.2f} (≥{r.success_low:.2f}) | {cell(r.champion_success_rate, '.2f')} "
+                      f"| {r.mean_return:.1f} | {cell(r.champion_mean_return, '.1f')} |" for r in s.scenarios))
+    if s.sim_to_real_gap:
+        evaluation += ("\n\nSim-to-real (joint-trajectory RMSE to the stand-in robot): calibrated twin "
+                       f"{s.sim_to_real_gap['twin']:.4f}, uncalibrated model {s.sim_to_real_gap['uncalibrated']:.4f}")
     gate = "\n".join(f"| {r.split(': ', 1)[1]} | {'✅' if r.startswith('pass') else '❌'} |" for r in s.gate_reasons)
     rows = "\n".join(f"| {k} | {v:.1f} s |" for k, v in s.stage_seconds.items())
     lineage_line = (f"Dataset v{s.dataset_version:04d}"

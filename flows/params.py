@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge.targets import load_target
 from stages.sim.registry import load, names
+from stages.artifacts import ScenarioResult
 from stages.twin.gate import GateConfig
 
 
@@ -23,7 +24,7 @@ class PipelineParams(BaseModel):
     seed: int = Field(0, description="Seed for collection, training and evaluation.")
     train_seeds: int = Field(1, ge=1, le=64, description="Independent PPO runs (seed, seed+1, …) fanned out over the "
                                                         "task runner; the best final training return is exported.")
-    eval_episodes: int = Field(32, ge=1, description="Seeded evaluation episodes in the twin.")
+    eval_episodes: int = Field(32, ge=1, description="Seeded evaluation episodes per scenario of the suite.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Floors the policy must clear.")
     promote: bool = Field(True, description="Set `champion` when the gate passes (else always `challenger`).")
 
@@ -86,3 +87,5 @@ class PipelineSummary(BaseModel):
     champion_mean_return: Optional[float] = None
     champion_success_rate: Optional[float] = None
     mlflow_experiment_id: str = ""
+    scenarios: tuple[ScenarioResult, ...] = ()
+    sim_to_real_gap: Optional[dict[str, float]] = None

@@ -5,6 +5,7 @@ unchanged re-run reuses them and a failed run resumes at the stage that failed. 
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 import urllib.error
@@ -99,7 +100,8 @@ def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path
         return policy.model_copy(update={"run_id": run.run_id})
 
 
-@task(cache_key_fn=stage_key("shard", lambda p: [p["job"].seed, p["job"].episodes, sha256_path(p["job"].onnx),
+@task(cache_key_fn=stage_key("shard", lambda p: [p["job"].seed, p["job"].episodes, p["job"].scenario.model_dump(),
+                                             sha256_path(p["job"].onnx),
                                              p["params"].model_dump(), task_version(p["task_ref"])]))
 def evaluate_shard(job: ShardJob, task_ref: str, params: PhysicalParams) -> Shard:
     """One batch of evaluation episodes; the flow maps these over its task runner."""
@@ -107,7 +109,7 @@ def evaluate_shard(job: ShardJob, task_ref: str, params: PhysicalParams) -> Shar
 
 
 @task(cache_key_fn=stage_key("evaluate", lambda p: [
-    p["cfg"].model_dump(), p["params"].gate.model_dump(), p["policy"].digest, p["twin"].digest,
+    p["cfg"].model_dump(), p["cfg"].load_suite(p["policy"].task).model_dump(), p["params"].gate.model_dump(), p["policy"].digest, p["twin"].digest,
     task_version(p["policy"].task), sha256_path(p["champion"].onnx) if p.get("champion") else None]))
 def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: PipelineParams, policy: ExportedPolicy,
                    twin: TwinSpec, out: Path, champion: Optional[Champion], shards: list[Shard],
@@ -116,9 +118,12 @@ def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: PipelineParams, pol
                                      "champion": champion.version if champion else None}) as run:
         report = evaluate(cfg, params.gate, policy, twin, out, champion, shards, champion_shards)
         run.metrics({"success_rate": report.success_rate, "mean_return": report.mean_return,
+                     "latency_ms_p99": report.latency_ms_p99,
+                     **{f"success_rate.{metric_name(s.name)}": s.success_rate for s in report.scenarios},
+                     **{f"sim_to_real_rmse.{k}": v for k, v in (report.sim_to_real_gap or {}).items()},
                      **({"champion_mean_return": report.champion_mean_return} if champion else {})})
         run.tags({"sim2edge.gate": "pass" if report.passed else "fail"})
-        run.artifact(report.path, "evaluation")
+        run.artifact(out, "evaluation")
         return report.model_copy(update={"run_id": run.run_id})
 
 
@@ -151,6 +156,11 @@ def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace,
                                 "sim2edge.pipeline_run_id": ctx.parent_run_id}, expected_champion)
         run.tags({"sim2edge.alias": alias})
     return bundle, version, alias
+
+
+def metric_name(text: str) -> str:
+    """MLflow metric names take letters, digits, ``_ - . /`` and spaces."""
+    return re.sub(r"[^\w./ -]", "_", text)
 
 
 def _git_commit() -> str:

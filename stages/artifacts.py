@@ -71,6 +71,8 @@ class TwinSpec(Artifact):
     unidentified: tuple[str, ...] = ()
     """Parameters the data could not pin down; they are held at the prior."""
     dataset_digest: str
+    standin_truth: PhysicalParams | None = None
+    """The reference robot's hidden parameters when the data came from the stand-in (for checking only)."""
     replay_error_before: float
     replay_error_after: float
 
@@ -93,14 +95,33 @@ class ExportedPolicy(Artifact):
     golden: Path
 
 
-class EvalReport(Artifact):
-    """Seeded episodes of the exported policy in the twin, and the gate decision."""
+class ScenarioResult(BaseModel):
+    """One row of the evaluation table."""
 
+    model_config = ConfigDict(frozen=True)
+    name: str
+    success_rate: float
+    success_low: float
+    mean_return: float
+    champion_success_rate: float | None = None
+    champion_mean_return: float | None = None
+
+
+class EvalReport(Artifact):
+    """The scenario suite run with the exported policy in the twin, and the gate decision.
+
+    ``success_rate`` and ``mean_return`` are the nominal scenario's; ``html`` is the report people read."""
+
+    html: Path
     episodes: int
     success_rate: float
     mean_return: float
     passed: bool
     reasons: tuple[str, ...]
+    scenarios: tuple[ScenarioResult, ...] = ()
+    latency_ms_p99: float | None = None
+    sim_to_real_gap: dict[str, float] | None = None
+    """Closed-loop joint-trajectory RMS error against the stand-in robot: ``twin`` and ``uncalibrated``."""
     champion_version: str | None = None
     """The champion compared against on the same seeds (None: there was none)."""
     champion_mean_return: float | None = None

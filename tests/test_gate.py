@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stages.twin.gate import GateConfig, decide
+from stages.twin.gate import GateConfig, floor_checks, suite_checks
 from stages.twin.stats import bootstrap_mean, wilson
 
 
@@ -17,10 +17,10 @@ def test_wilson_interval_known_values():
 
 
 def test_few_lucky_episodes_do_not_pass():
-    gate = GateConfig(min_success_rate=0.8)
-    passed, reasons = decide(gate, wilson(4, 4)[0], 200.0, 0)  # 4/4 successes: lower bound 0.51
-    assert not passed and reasons[0].startswith("FAIL: success rate lower 95% bound")
-    assert decide(gate, wilson(32, 32)[0], 200.0, 0)[0]
+    lucky = floor_checks("nominal", wilson(4, 4)[0], 0.8, 200.0, None)  # 4/4 successes: lower bound 0.51
+    assert not lucky[0].passed and lucky[0].reason().startswith("FAIL: nominal: success rate lower 95% bound")
+    assert floor_checks("nominal", wilson(32, 32)[0], 0.8, 200.0, 150.0)[0].passed
+    assert not floor_checks("nominal", 1.0, 0.8, 140.0, 150.0)[1].passed
 
 
 def test_bootstrap_interval_brackets_the_mean_and_is_seeded():
@@ -30,9 +30,13 @@ def test_bootstrap_interval_brackets_the_mean_and_is_seeded():
     assert bootstrap_mean(x, seed=3) == (low, high)
 
 
-def test_nan_actions_fail_the_gate():
-    passed, reasons = decide(GateConfig(), 0.95, 240.0, nan_actions=1)
-    assert not passed and reasons[2].startswith("FAIL: NaN actions")
+def test_safety_ceilings_and_latency_budget_fail_the_gate():
+    ok = dict(nan_actions=0, limit_fraction=0.0, saturation=0.1, latency_p99_ms=1.0, period_s=0.02, paired_low=None)
+    assert all(c.passed for c in suite_checks(GateConfig(), **ok))
+    for field, bad, name in (("nan_actions", 1, "NaN/Inf actions"), ("limit_fraction", 0.5, "steps at a joint limit"),
+                             ("saturation", 0.99, "actuator saturation"), ("latency_p99_ms", 25.0, "in-loop latency p99")):
+        failed = [c for c in suite_checks(GateConfig(), **{**ok, field: bad}) if not c.passed]
+        assert [c.name for c in failed] == [name]
 
 
 def _policy(tmp_path, weight: float):
@@ -52,7 +56,9 @@ def test_challenger_is_compared_with_the_champion_on_the_same_seeds(tmp_path):
     twin = TwinSpec(path=tmp_path / "twin.json", digest="t", task="cartpole", params=PhysicalParams(), uncertainty={},
                     dataset_digest="d", replay_error_before=1.0, replay_error_after=1.0)
     gate = GateConfig(min_success_rate=0.0, min_mean_return=-1e9, non_inferiority_margin=0.0)
-    cfg = EvalConfig(episodes=16, seed=5)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("episodes: 16\nscenarios:\n  - name: nominal\n  - name: pushes\n    disturbance: {push: 0.3}\n")
+    cfg = EvalConfig(seed=5, suite=suite, video=False)
     a, b = _policy(tmp_path, 0.0), _policy(tmp_path, -0.5)  # mean returns about 34 and 13
     same = evaluate(cfg, gate, a, twin, tmp_path / "same", Champion(version="1", onnx=a.path))
     assert same.passed and same.champion_mean_return == same.mean_return  # identical seeds: a zero difference

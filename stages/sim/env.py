@@ -13,6 +13,7 @@ import mujoco
 import numpy as np
 from mujoco import rollout
 
+from stages.sim.disturbance import Disturbance, peak_forces, spread
 from stages.sim.params import PhysicalParams, Randomization, apply_params, sample_params
 from stages.sim.task import Task
 
@@ -33,6 +34,8 @@ class StepResult:
     finished_success: np.ndarray
     final_obs: np.ndarray
     """Observations of the finished episodes' last states, before the auto-reset."""
+    qpos: np.ndarray
+    """(N, nq) positions at the end of this step, before the auto-reset."""
 
 
 class BatchedEnv:
@@ -47,8 +50,10 @@ class BatchedEnv:
         seed: int = 0,
         nthread: int = 2,
         terminate: bool = True,
+        disturbance: Disturbance | None = None,
     ) -> None:
         self.task, self.num_envs = task, num_envs
+        self.disturbance = disturbance or Disturbance()
         self.centre = params or task.nominal_params()
         self.randomization = randomization
         self.terminate = terminate
@@ -63,7 +68,13 @@ class BatchedEnv:
         self.state = np.zeros((num_envs, nstate))
         self._state_out = np.zeros((num_envs, task.decimation, nstate))
         self._sens_out = np.zeros((num_envs, task.decimation, nominal.nsensordata))
-        self._control = np.zeros((num_envs, task.decimation, nominal.nu))
+        pushes = self.disturbance.push > 0
+        self._control_spec = mujoco.mjtState.mjSTATE_CTRL | (mujoco.mjtState.mjSTATE_QFRC_APPLIED if pushes else 0)
+        self._control = np.zeros((num_envs, task.decimation, nominal.nu + (nominal.nv if pushes else 0)))
+        self._push_force = self.disturbance.push * peak_forces(nominal)
+        self._push_phase = np.zeros(num_envs, dtype=np.int64)
+        self._push_sign = np.ones(num_envs)
+        self.obs_bias = np.zeros((num_envs, task.obs_dim), dtype=np.float32)
         max_latency = self.centre.latency_steps + 1
         self._action_queue = np.zeros((max_latency, num_envs, self.nu), dtype=np.float32)
         self.episode_step = np.zeros(num_envs, dtype=np.int64)
@@ -82,7 +93,13 @@ class BatchedEnv:
     def reset(self, mask: np.ndarray | None = None) -> np.ndarray:
         """Reset the environments in ``mask`` (all by default), re-randomizing their physics."""
         idx = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
-        qpos, qvel = self.task.initial_state(self.rng, len(idx))
+        d = self.disturbance
+        qpos, qvel = spread(*self.task.initial_state(self.rng, len(idx)), self.task.model.qpos0,
+                            self.task.replayed_qpos, d.init_spread)
+        if d.obs_bias:
+            self.obs_bias[idx] = self.rng.uniform(-d.obs_bias, d.obs_bias, (len(idx), self.task.obs_dim))
+        if d.push:
+            self._push_phase[idx] = self.rng.integers(0, d.push_every, len(idx))
         for i in idx:
             p = sample_params(self.centre, self.randomization, self.rng) if self.randomization else self.centre
             if self.randomization or mask is None:
@@ -98,7 +115,7 @@ class BatchedEnv:
         return self.observe()
 
     def observe(self) -> np.ndarray:
-        obs = self.task.observe(self.qpos, self.qvel)
+        obs = self.task.observe(self.qpos, self.qvel) + self.obs_bias
         if self.obs_noise.any():
             obs = obs + (self.rng.standard_normal(obs.shape) * self.obs_noise[:, None]).astype(np.float32)
         return obs
@@ -120,13 +137,15 @@ class BatchedEnv:
     def step(self, action: np.ndarray) -> StepResult:
         """Hold ``action`` (N, nu) for one control period, then compute terms and auto-reset."""
         self._action_queue = self._push(np.asarray(action, dtype=np.float32))
-        self._control[:] = self._controls(self._action_queue)[:, None, :]
+        self._control[:, :, : self.nu] = self._controls(self._action_queue)[:, None, :]
+        if self.disturbance.push:
+            self._control[:, :, self.nu :] = self._push_forces()[:, None, :]
         self._pool.rollout(
-            self.models, self._datas, self.state, self._control,
+            self.models, self._datas, self.state, self._control, control_spec=self._control_spec,
             nstep=self.task.decimation, skip_checks=True, state=self._state_out, sensordata=self._sens_out,
         )
         self.state[:] = self._state_out[:, -1]
-        qpos, qvel = self.qpos, self.qvel
+        qpos, qvel = self.qpos.copy(), self.qvel
         reward = self.task.reward(qpos, qvel, self._action_queue[0])
         # a NaN state terminates the episode (and would be reported by the caller)
         terminated = ~np.all(np.isfinite(self.state), axis=1)
@@ -145,4 +164,13 @@ class BatchedEnv:
             obs = self.reset(done)
         else:
             final_obs, obs = np.zeros((0, self.task.obs_dim), dtype=np.float32), self.observe()
-        return StepResult(obs, reward, terminated, truncated, done, returns, success, final_obs)
+        return StepResult(obs, reward, terminated, truncated, done, returns, success, final_obs, qpos)
+
+    def _push_forces(self) -> np.ndarray:
+        """(N, nv) this step's push: on for ``push_steps`` of every ``push_every`` steps, random sign per push."""
+        d = self.disturbance
+        phase = (self.episode_step + self._push_phase) % d.push_every
+        starting = phase == 0
+        self._push_sign[starting] = self.rng.choice([-1.0, 1.0], int(starting.sum()))
+        on = (phase < d.push_steps) & (self.episode_step > 0)
+        return np.where(on[:, None], self._push_sign[:, None] * self._push_force, 0.0)

@@ -220,8 +220,9 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     with atomic_dir(out_dir) as tmp:
         (tmp / "twin.json").write_text(json.dumps({**spec, "digest": digest}, indent=2))
         plot_replay(task, replayer, prior, fitted, tmp / "replay.png")
+    truth = standin.hidden_params(task.name) if "standin_truth" in spec else None
     return TwinSpec(path=out_dir / "twin.json", digest=digest, task=dataset.task, params=fitted, uncertainty=uncertainty,
-                    unidentified=unidentified, dataset_digest=dataset.digest, replay_error_before=before,
+                    unidentified=unidentified, dataset_digest=dataset.digest, standin_truth=truth, replay_error_before=before,
                     replay_error_after=after)
 
 

@@ -1,35 +1,71 @@
-"""Gates are config: floors the evaluation must clear before a policy may become champion."""
+"""Gates are config: floors the evaluation must clear, per scenario, before a policy may become champion.
+
+Floors apply to interval lower bounds, so a handful of lucky episodes cannot pass. Safety ceilings
+and the latency budget apply to the whole suite; non-inferiority to the champion is a paired
+comparison on the same seeds across the suite.
+"""
 
 from __future__ import annotations
+
+from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class GateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    min_success_rate: float = Field(0.8, ge=0, le=1,
-                                    description="Floor on the lower bound of the success rate's Wilson 95% interval.")
-    min_mean_return: float = Field(150.0, description="Floor on the lower bound of the mean return's 95% bootstrap interval.")
-    max_nan_actions: int = Field(0, ge=0, description="Ceiling on non-finite actions.")
+    min_success_rate: float = Field(0.8, ge=0, le=1, description="Default floor on the lower bound of each scenario's "
+                                    "success-rate Wilson 95% interval (a scenario may set its own).")
+    min_mean_return: Optional[float] = Field(None, description="Default floor on the lower bound of each scenario's "
+                                             "mean-return 95% bootstrap interval (None: no floor unless the scenario sets one).")
+    max_nan_actions: int = Field(0, ge=0, description="Ceiling on control steps with a NaN/Inf action, whole suite.")
+    max_joint_limit_fraction: float = Field(0.1, ge=0, le=1, description="Ceiling on the fraction of control steps "
+                                            "with a robot joint at its range limit, whole suite.")
+    max_saturation_fraction: float = Field(0.95, ge=0, le=1, description="Ceiling on the fraction of action "
+                                           "components at the actuator limit, whole suite.")
+    max_latency_fraction: float = Field(1.0, gt=0, description="In-loop inference latency p99 must stay below this "
+                                        "fraction of the control period.")
     non_inferiority_margin: float = Field(
         10.0, ge=0, description="Against the champion on the same seeds: the lower 95% bound of the mean paired "
-                                "return difference (challenger − champion) must be at least −margin.")
+                                "return difference (challenger − champion) over the suite must be at least −margin.")
 
 
-def decide(gate: GateConfig, success_low: float, return_low: float, nan_actions: int,
-           paired_low: float | None = None) -> tuple[bool, tuple[str, ...]]:
-    """(passed, reasons): one reason per floor or ceiling, saying pass or fail and the numbers.
+class Check(BaseModel):
+    """One line of the gate table."""
 
-    Floors apply to the lower bounds of the intervals, so a handful of lucky episodes cannot pass.
-    ``paired_low`` is the lower bound of the paired difference to the champion (None: no champion).
-    """
+    model_config = ConfigDict(frozen=True)
+    name: str
+    passed: bool
+    detail: str
+
+    def reason(self) -> str:
+        return f"{'pass' if self.passed else 'FAIL'}: {self.name} {self.detail}"
+
+
+def floor_checks(scenario: str, success_low: float, success_floor: float, return_low: float,
+                 return_floor: Optional[float]) -> list[Check]:
+    checks = [Check(name=f"{scenario}: success rate lower 95% bound", passed=success_low >= success_floor,
+                    detail=f"{success_low:.3f} >= {success_floor}")]
+    if return_floor is not None:
+        checks.append(Check(name=f"{scenario}: mean return lower 95% bound", passed=return_low >= return_floor,
+                            detail=f"{return_low:.1f} >= {return_floor}"))
+    return checks
+
+
+def suite_checks(gate: GateConfig, nan_actions: int, limit_fraction: float, saturation: float, latency_p99_ms: float,
+                 period_s: float, paired_low: Optional[float]) -> list[Check]:
+    """Safety ceilings, the latency budget and (with a champion) non-inferiority."""
+    budget_ms = gate.max_latency_fraction * period_s * 1e3
     checks = [
-        ("success rate lower 95% bound", success_low >= gate.min_success_rate, f"{success_low:.3f} >= {gate.min_success_rate}"),
-        ("mean return lower 95% bound", return_low >= gate.min_mean_return, f"{return_low:.1f} >= {gate.min_mean_return}"),
-        ("NaN actions", nan_actions <= gate.max_nan_actions, f"{nan_actions} <= {gate.max_nan_actions}"),
+        Check(name="NaN/Inf actions", passed=nan_actions <= gate.max_nan_actions, detail=f"{nan_actions} <= {gate.max_nan_actions}"),
+        Check(name="steps at a joint limit", passed=limit_fraction <= gate.max_joint_limit_fraction,
+              detail=f"{limit_fraction:.3f} <= {gate.max_joint_limit_fraction}"),
+        Check(name="actuator saturation", passed=saturation <= gate.max_saturation_fraction,
+              detail=f"{saturation:.3f} <= {gate.max_saturation_fraction}"),
+        Check(name="in-loop latency p99", passed=latency_p99_ms < budget_ms, detail=f"{latency_p99_ms:.3f} ms < {budget_ms:.1f} ms"),
     ]
     if paired_low is not None:
-        checks.append(("vs champion, paired return difference lower 95% bound", paired_low >= -gate.non_inferiority_margin,
-                       f"{paired_low:.1f} >= -{gate.non_inferiority_margin}"))
-    reasons = tuple(f"{'pass' if ok else 'FAIL'}: {name} {text}" for name, ok, text in checks)
-    return all(ok for _, ok, _ in checks), reasons
+        checks.append(Check(name="vs champion, paired return difference lower 95% bound",
+                            passed=paired_low >= -gate.non_inferiority_margin,
+                            detail=f"{paired_low:.1f} >= -{gate.non_inferiority_margin}"))
+    return checks

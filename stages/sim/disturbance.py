@@ -1,0 +1,42 @@
+"""Disturbances of an episode that are not physical parameters: sensor bias, pushes, initial-state spread."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from stages.sim.params import actuated_dofs
+
+
+class Disturbance(BaseModel):
+    """What an evaluation scenario does to an episode besides its physics."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    obs_bias: float = Field(0.0, ge=0, description="Constant per-episode offset on every observation term, ~U(±value).")
+    push: float = Field(0.0, ge=0, description="Push strength: a generalized force on the actuated joints, as a "
+                                              "fraction of each actuator's peak force, random sign.")
+    push_every: int = Field(25, ge=1, description="Control steps between pushes (random phase per episode).")
+    push_steps: int = Field(2, ge=1, description="Control steps a push lasts.")
+    init_spread: float = Field(1.0, gt=0, description="Scale on the initial state's deviation from the model's "
+                                                      "reference pose (robot joints and all velocities).")
+
+
+def peak_forces(model: mujoco.MjModel) -> np.ndarray:
+    """(nv,) each actuated DOF's peak actuator force (|gear| × largest |ctrl|); 0 elsewhere."""
+    force = np.zeros(model.nv)
+    for a in range(model.nu):
+        if model.actuator_trntype[a] == mujoco.mjtTrn.mjTRN_JOINT:
+            dof = model.jnt_dofadr[model.actuator_trnid[a, 0]]
+            force[dof] = abs(model.actuator_gear[a, 0]) * np.abs(model.actuator_ctrlrange[a]).max()
+    return np.where(actuated_dofs(model), force, 0.0)
+
+
+def spread(qpos: np.ndarray, qvel: np.ndarray, reference: np.ndarray, joints: np.ndarray,
+           scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """Scale the deviation of the ``joints`` qpos from ``reference`` and every velocity by ``scale``."""
+    if scale == 1.0:
+        return qpos, qvel
+    qpos = qpos.copy()
+    qpos[:, joints] = reference[joints] + scale * (qpos[:, joints] - reference[joints])
+    return qpos, qvel * scale
