@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Iterable
 
+from edge import crash
 from edge.errors import CheckFailed
 from edge.signing import verify
 
@@ -117,6 +118,7 @@ def extract(tar_path: Path, dest: Path, max_bytes: int) -> None:
                 out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
+            crash.point("extract")
 
 
 def verify_dir(bundle_dir: Path, trusted: Iterable) -> dict:

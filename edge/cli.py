@@ -10,16 +10,27 @@ from pathlib import Path
 from typing import List, Optional
 
 from edge.errors import CheckFailed
+from edge.registry_client import RegistryUnavailable
 from edge.signing import load_trusted
 from edge.store import DeviceStore
 
 DEFAULT_ROOT = os.environ.get("SIM2EDGE_DEVICE_ROOT", "/var/lib/sim2edge")
 
 
+def pull_options(args: argparse.Namespace):
+    from edge.pull import PullOptions
+    from edge.registry_client import TransferOptions
+
+    return PullOptions(TransferOptions(attempts=args.attempts, timeout_s=args.timeout, max_bytes=args.max_bytes,
+                                       backoff_base_s=args.retry_base),
+                       backoff_base_s=args.backoff, ignore_backoff=args.ignore_backoff)
+
+
 def _pull(args: argparse.Namespace) -> int:
     from edge.pull import pull
 
-    result = pull(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.skip_target_check)
+    result = pull(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.skip_target_check,
+                  pull_options(args))
     if not result.changed:
         print(f"{result.policy} v{result.version} is already active at {result.path}")
         return 0
@@ -80,9 +91,23 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _gc(args: argparse.Namespace) -> int:
-    removed = DeviceStore(Path(args.root)).gc(args.keep)
+    store = DeviceStore(Path(args.root))
+    with store.locked():
+        removed = store.gc(args.keep)
     print("removed: " + (", ".join(removed) if removed else "nothing"))
     return 0
+
+
+def add_transfer_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--attempts", type=int, default=5, help="tries per registry request (default: %(default)s)")
+    p.add_argument("--retry-base", type=float, default=0.5, metavar="S",
+                   help="retry k waits uniform(0, min(8, S*2^k)) seconds (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=20.0, metavar="S",
+                   help="socket timeout per connect/read (default: %(default)s)")
+    p.add_argument("--max-bytes", type=int, default=1 << 30, help="largest bundle accepted (default: %(default)s)")
+    p.add_argument("--backoff", type=float, default=30.0, metavar="S",
+                   help="after n failed pulls the next waits ~S*2^(n-1) s, at most 30 min (default: %(default)s)")
+    p.add_argument("--ignore-backoff", action="store_true", help="try now even if the last pulls failed")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -96,6 +121,7 @@ def parser() -> argparse.ArgumentParser:
                     help="trusted Ed25519 public key (PEM); repeat for key rotation")
     pl.add_argument("--skip-target-check", action="store_true",
                     help="development hosts only: install although this is not the bundle's Jetson target")
+    add_transfer_arguments(pl)
     pl.set_defaults(func=_pull)
     st = sub.add_parser("status", help="show the active policy and where it came from")
     st.add_argument("--root", default=DEFAULT_ROOT)
@@ -124,7 +150,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (CheckFailed, ValueError, OSError) as e:
+    except CheckFailed as e:
+        print(f"sim2edge-agent: {e}", file=sys.stderr)
+        # 3: try again later (registry unavailable, backing off, store busy); 2: refused
+        return 3 if isinstance(e, RegistryUnavailable) or e.check in ("backoff", "lock") else 2
+    except (ValueError, OSError) as e:
         print(f"sim2edge-agent: {e}", file=sys.stderr)
         return 2
 

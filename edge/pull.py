@@ -1,22 +1,41 @@
-"""Pull: resolve → download → unpack → verify → target check → smoke test → install → activate.
+"""Pull: resolve → download → unpack → verify → target check → smoke test → install → activate → health.
 
 Every step before the switch works in a staging directory of the store; any failure
-removes it and leaves ``current`` as it was.
+removes it and leaves ``current`` as it was. A failed health check after the switch
+switches back. The store's lock is held throughout, so two agents never interleave.
+
+Registry unavailable (unreachable, or 5xx after every retry): ``current`` is untouched, the
+error says so, and the failure is counted in ``<root>/backoff.json``: the next pull before
+its ``next_attempt`` time is refused (check ``backoff``) without touching the network.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from edge import bundle
+import numpy as np
+
+from edge import bundle, crash
 from edge.errors import CheckFailed
-from edge.registry_client import RegistryClient
+from edge.registry_client import BundleRef, DownloadStats, RegistryClient, RegistryUnavailable, TransferOptions
 from edge.smoke import SmokeResult, smoke_test
 from edge.store import DeviceStore
 from edge.targets import check_compatible, detect_device, load_target
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    """How hard to try: per-request retries (``transfer``) and the backoff between pulls."""
+
+    transfer: TransferOptions = field(default_factory=TransferOptions)
+    backoff_base_s: float = 30.0   # after n failed pulls the next waits ~base·2^(n-1) …
+    backoff_cap_s: float = 1800.0  # … at most this long
+    ignore_backoff: bool = False
 
 
 @dataclass(frozen=True)
@@ -26,6 +45,7 @@ class PullResult:
     path: Path
     changed: bool
     smoke: Optional[SmokeResult]
+    download: Optional[DownloadStats] = None
 
 
 def check_fresh(active: Optional[dict], policy: str, version: str) -> None:
@@ -35,62 +55,139 @@ def check_fresh(active: Optional[dict], policy: str, version: str) -> None:
                                        f"use `sim2edge-agent rollback` to go back on purpose")
 
 
+def health_check(store: DeviceStore, expected: Path, manifest: dict) -> None:
+    """After the switch: ``current`` resolves to ``expected`` and serves the golden outputs through it."""
+    from edge.runtime import OnnxRuntime
+
+    current = store.link("current")
+    if current != expected:
+        raise CheckFailed("health", f"current points at {current}, expected {expected}")
+    if json.loads((current / bundle.MANIFEST).read_text())["policy"] != manifest["policy"]:
+        raise CheckFailed("health", f"{current / bundle.MANIFEST} is not the manifest that was installed")
+    golden = np.load(current / "golden.npz")
+    runtime = OnnxRuntime(current / "policy.onnx", manifest["runtime"]["onnxruntime_providers"])
+    out = runtime.run(golden["inputs"][:1].astype(np.float32))
+    tol = manifest["parity_tolerance"]["fp32"]
+    if not np.allclose(out, golden["outputs"][:1], atol=tol["atol"], rtol=tol["rtol"]):
+        raise CheckFailed("health", f"{current}/policy.onnx no longer reproduces its golden output")
+
+
 def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Path:
     """Re-verify an installed bundle (``previous`` by default) and make it current."""
     store = DeviceStore(root)
-    current = store.link("current")
-    if version is None:
-        target = store.link("previous")
-        if target is None:
-            raise CheckFailed("rollback", "there is no previous policy to roll back to")
-    else:
-        if current is None:
-            raise CheckFailed("rollback", "no active policy")
-        target = store.bundle_dir(current.parent.name, version)
-        if not target.is_dir():
-            raise CheckFailed("rollback", f"{current.parent.name} v{version} is not installed "
-                                          f"(installed: {', '.join(store.installed(current.parent.name))})")
-    manifest = bundle.verify_dir(target, trusted)
-    smoke_test(target, manifest)
-    store.activate(target)
-    store.record("rollback", policy=manifest["policy"]["name"], version=str(manifest["policy"]["version"]),
-                 from_path=str(current) if current else None)
-    return target
+    with store.locked():
+        current = store.link("current")
+        if version is None:
+            target = store.link("previous")
+            if target is None:
+                raise CheckFailed("rollback", "there is no previous policy to roll back to")
+        else:
+            if current is None:
+                raise CheckFailed("rollback", "no active policy")
+            target = store.bundle_dir(current.parent.name, version)
+            if not target.is_dir():
+                raise CheckFailed("rollback", f"{current.parent.name} v{version} is not installed "
+                                              f"(installed: {', '.join(store.installed(current.parent.name))})")
+        manifest = bundle.verify_dir(target, trusted)
+        smoke_test(target, manifest)
+        store.activate(target)
+        store.record("rollback", policy=manifest["policy"]["name"], version=str(manifest["policy"]["version"]),
+                     from_path=str(current) if current else None)
+        return target
 
 
-def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target_check: bool = False) -> PullResult:
+def _check_backoff(store: DeviceStore, registry_url: str) -> None:
+    state = store.backoff_state()
+    if state and state.get("registry") == registry_url and time.time() < state["next_attempt"]:
+        wait = state["next_attempt"] - time.time()
+        raise CheckFailed("backoff", f"registry {registry_url} was unavailable on the last {state['failures']} "
+                                     f"attempt(s) ({state['last_error']}); backing off, next attempt in {wait:.0f} s "
+                                     f"(current policy unchanged; --ignore-backoff to try now)")
+
+
+def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target_check: bool = False,
+         options: Optional[PullOptions] = None) -> PullResult:
     """Pull ``policy@alias|version`` into the store at ``root`` and activate it."""
+    options = options or PullOptions()
     store = DeviceStore(root)
-    client = RegistryClient(registry_url)
-    target_ref = client.resolve(ref)
+    with store.locked():
+        if not options.ignore_backoff:
+            _check_backoff(store, registry_url)
+        client = RegistryClient(registry_url, options.transfer)
+        try:
+            try:
+                target_ref = client.resolve(ref)
+                result = _pull_locked(store, client, ref, target_ref, registry_url, trusted, skip_target_check)
+            except RegistryUnavailable as e:
+                state = store.note_unavailable(registry_url, e.detail, options.backoff_base_s, options.backoff_cap_s)
+                current = store.link("current")
+                store.record("unavailable", ref=ref, detail=e.detail, failures=state["failures"],
+                             retry_after_s=round(state["next_attempt"] - time.time(), 1))
+                raise RegistryUnavailable(f"{e.detail}; current policy unchanged "
+                                          f"({current if current else 'none active'}); next attempt in "
+                                          f"{state['next_attempt'] - time.time():.1f} s") from None
+        except CheckFailed as e:
+            if e.check != "backoff" and not isinstance(e, RegistryUnavailable):
+                store.record("refused", ref=ref, check=e.check, detail=e.detail)
+            raise
+        store.clear_backoff()
+        return result
+
+
+def _pull_locked(store: DeviceStore, client: RegistryClient, ref: str, target_ref: BundleRef, registry_url: str,
+                 trusted: Iterable, skip_target_check: bool) -> PullResult:
     installed = store.bundle_dir(target_ref.policy, target_ref.version)
+    part = store.download_part(target_ref.sha256)
     if store.link("current") == installed:
+        if part.exists():
+            part.unlink()  # a crash after activation left it
         return PullResult(target_ref.policy, target_ref.version, installed, False, None)
-    staging = None
+    check_fresh(store.current_manifest(), target_ref.policy, target_ref.version)
+    staging = store.staging_dir()
+    stats = None
     try:
-        check_fresh(store.current_manifest(), target_ref.policy, target_ref.version)
-        staging = store.staging_dir()
-        tar_path = staging / "bundle.tar"
-        client.download(target_ref, tar_path)
-        unpacked = staging / "bundle"
-        unpacked.mkdir()
-        bundle.extract(tar_path, unpacked, max_bytes=4 * target_ref.size + (1 << 20))
-        manifest = bundle.verify_dir(unpacked, trusted)
+        if installed.is_dir():
+            # installed by an earlier pull that died before activating: verify it again, no download
+            candidate = installed
+        else:
+            stats = client.download(target_ref, part, on_chunk=lambda n: crash.point("download"))
+            crash.point("downloaded")
+            candidate = staging / "bundle"
+            candidate.mkdir()
+            try:
+                bundle.extract(part, candidate, max_bytes=4 * target_ref.size + (1 << 20))
+            except CheckFailed:
+                part.unlink()
+                raise
+        manifest = bundle.verify_dir(candidate, trusted)
         if (manifest["policy"]["name"], str(manifest["policy"]["version"])) != (target_ref.policy, target_ref.version):
             raise CheckFailed("manifest", f"bundle is {manifest['policy']['name']} v{manifest['policy']['version']}, "
                                           f"registry said {target_ref.policy} v{target_ref.version}")
+        crash.point("verified")
         if not skip_target_check:
             check_compatible(load_target(manifest["target"]["name"]), detect_device())
-        smoke = smoke_test(unpacked, manifest)
-        final = store.install(unpacked, target_ref.policy, target_ref.version)
+        smoke = smoke_test(candidate, manifest)
+        crash.point("smoked")
+        final = installed if candidate == installed else store.install(candidate, target_ref.policy, target_ref.version)
+        old, old_previous = store.link("current"), store.link("previous")
         store.activate(final)
+        try:
+            health_check(store, final, manifest)
+        except (CheckFailed, OSError, ValueError) as e:
+            store.restore(old, old_previous)
+            store.record("health-rollback", policy=target_ref.policy, version=target_ref.version,
+                         detail=str(e), restored=str(old) if old else None)
+            raise CheckFailed("health", f"{target_ref.policy} v{target_ref.version} failed after activation ({e}); "
+                                        f"current restored to {old}") from None
+        crash.point("activated")
         store.record("activate", policy=target_ref.policy, version=target_ref.version, source=registry_url,
                      run_id=target_ref.run_id, bundle_sha256=target_ref.sha256, smoke_p99_s=smoke.latency_p99_s,
-                     target_check=not skip_target_check)
-        return PullResult(target_ref.policy, target_ref.version, final, True, smoke)
-    except CheckFailed as e:
-        store.record("refused", ref=ref, check=e.check, detail=e.detail)
-        raise
+                     target_check=not skip_target_check,
+                     download_attempts=stats.attempts if stats else 0,
+                     resumed_from=stats.resumed_from if stats else 0)
+        crash.point("journaled")
+        if part.exists():
+            part.unlink()
+        return PullResult(target_ref.policy, target_ref.version, final, True, smoke, stats)
     finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
+        shutil.rmtree(str(staging), ignore_errors=True)

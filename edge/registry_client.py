@@ -6,26 +6,48 @@
    proxy root), ``sim2edge.bundle.sha256`` and ``sim2edge.bundle.size``.
 3. ``GET /api/2.0/mlflow-artifacts/artifacts/<path>`` streams the bundle (artifact proxy).
 
+Transfers retry transient failures (connection refused or dropped, timeouts, HTTP 5xx/429/408,
+short bodies) with exponential backoff and full jitter, and resume a partial download with
+``Range: bytes=<have>-``. The declared size (the version's ``sim2edge.bundle.size`` tag, bounded
+by a configured maximum) caps every response: more bytes than declared is refused, not retried.
+
 Credentials: ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (basic auth) or
-``MLFLOW_TRACKING_TOKEN`` (bearer); never printed.
+``MLFLOW_TRACKING_TOKEN`` (bearer); never printed, never part of an error message.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
 import os
+import random
+import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 from edge.errors import CheckFailed
 
 TAG_PATH, TAG_SHA256, TAG_SIZE = "sim2edge.bundle.path", "sim2edge.bundle.sha256", "sim2edge.bundle.size"
+CHUNK = 1 << 16
+_TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
+
+
+class RegistryUnavailable(CheckFailed):
+    """The registry could not be reached, or kept failing, after every retry (the caller backs off)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__("registry", detail)
+
+
+class _Transient(Exception):
+    """One attempt failed in a way worth retrying."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +60,24 @@ class BundleRef:
     run_id: str
 
 
+@dataclass(frozen=True)
+class TransferOptions:
+    """Retries, timeouts and the size limit for talking to the registry."""
+
+    attempts: int = 5            # tries per request, the first included
+    backoff_base_s: float = 0.5  # delay before retry k is uniform in [0, min(cap, base * 2**k)] (full jitter)
+    backoff_cap_s: float = 8.0
+    timeout_s: float = 20.0      # per socket operation: connect, and each read
+    max_bytes: int = 1 << 30     # refuse a bundle declared (or delivered) larger than this
+
+
+@dataclass
+class DownloadStats:
+    attempts: int = 0
+    resumed_from: int = 0        # bytes already on disk when the last successful request started
+    range_honoured: Optional[bool] = None  # None: no resume was needed
+
+
 def parse_ref(ref: str) -> tuple:
     """``policy@alias`` or ``policy@<version number>`` → (policy, alias or None, version or None)."""
     policy, sep, what = ref.partition("@")
@@ -46,10 +86,27 @@ def parse_ref(ref: str) -> tuple:
     return (policy, None, what) if what.isdigit() else (policy, what, None)
 
 
+def redact(url: str) -> str:
+    """``url`` without any ``user:password@`` part, for messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
 class RegistryClient:
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, options: Optional[TransferOptions] = None,
+                 sleep: Callable[[float], None] = time.sleep, rng: Optional[random.Random] = None) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.username or parts.password:
+            raise ValueError(f"put registry credentials in MLFLOW_TRACKING_USERNAME/PASSWORD, not in the URL "
+                             f"{redact(base_url)}")
         self.base = base_url.rstrip("/")
-        self.timeout = timeout_s
+        self.options = options or TransferOptions()
+        self._sleep = sleep
+        self._rng = rng or random.Random()
 
     def _headers(self) -> Dict[str, str]:
         user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
@@ -58,25 +115,63 @@ class RegistryClient:
         token = os.environ.get("MLFLOW_TRACKING_TOKEN")
         return {"Authorization": f"Bearer {token}"} if token else {}
 
-    def _open(self, path: str, params: Optional[dict] = None):
+    def _delay(self, attempt: int) -> float:
+        o = self.options
+        return self._rng.uniform(0.0, min(o.backoff_cap_s, o.backoff_base_s * (2 ** attempt)))
+
+    def _request(self, path: str, params: Optional[dict] = None, headers: Optional[dict] = None):
+        """One HTTP request; raises :class:`_Transient` for retryable failures, CheckFailed otherwise."""
         url = self.base + path + ("?" + urllib.parse.urlencode(params) if params else "")
-        request = urllib.request.Request(url, headers=self._headers())
+        request = urllib.request.Request(url, headers=dict(self._headers(), **(headers or {})))
         try:
-            return urllib.request.urlopen(request, timeout=self.timeout)
+            return urllib.request.urlopen(request, timeout=self.options.timeout_s)
         except urllib.error.HTTPError as e:
-            detail = e.read(2000).decode(errors="replace")
+            try:
+                detail = e.read(2000).decode(errors="replace")
+            except (OSError, http.client.HTTPException):
+                detail = ""
             try:
                 detail = json.loads(detail).get("message", detail)
-            except ValueError:
+            except (ValueError, AttributeError):
                 pass
-            raise CheckFailed("registry", f"{self.base} answered HTTP {e.code} for {path}: {detail}") from None
-        except (urllib.error.URLError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise CheckFailed("registry", f"registry {self.base} is unreachable ({reason})") from None
+            message = f"{self.base} answered HTTP {e.code} for {path}: {detail[:300]}".rstrip(": ")
+            if e.code in _TRANSIENT_HTTP:
+                raise _Transient(message) from None
+            if e.code in (401, 403):
+                raise CheckFailed("registry", f"{self.base} refused the credentials (HTTP {e.code}) for {path}; "
+                                              f"set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN") from None
+            raise CheckFailed("registry", message) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            raise _Transient(f"registry {self.base} is unreachable ({getattr(e, 'reason', e)})") from None
+
+    def _retrying(self, what: str, attempt_fn: Callable[[int], object]) -> object:
+        """Run ``attempt_fn(k)`` until it succeeds or the attempts run out (backoff with full jitter)."""
+        last = ""
+        for k in range(self.options.attempts):
+            if k:
+                self._sleep(self._delay(k - 1))
+            try:
+                return attempt_fn(k)
+            except _Transient as e:
+                last = str(e)
+        if "unreachable" in last:
+            raise RegistryUnavailable(f"{last}; {what} failed after {self.options.attempts} attempts")
+        raise RegistryUnavailable(f"registry {self.base} is unavailable: {what} failed after "
+                                  f"{self.options.attempts} attempts (last: {last})")
 
     def _json(self, path: str, params: dict) -> dict:
-        with self._open(path, params) as response:
-            return json.loads(response.read())
+        def once(_k: int) -> dict:
+            try:
+                with self._request(path, params) as response:
+                    body = response.read(1 << 22)
+            except (OSError, http.client.HTTPException) as e:
+                raise _Transient(f"registry {self.base} is unreachable (connection lost reading {path}: {e})") from None
+            try:
+                return json.loads(body)
+            except ValueError:
+                raise _Transient(f"{self.base} answered {path} with {len(body)} bytes that are not JSON") from None
+
+        return self._retrying(f"GET {path}", once)  # type: ignore[return-value]
 
     def resolve(self, ref: str) -> BundleRef:
         """Resolve ``policy@alias`` / ``policy@version`` to the bundle it names."""
@@ -91,21 +186,93 @@ class RegistryClient:
             raise CheckFailed("registry", f"{policy} version {mv['version']} has no bundle (missing tags {missing})")
         return BundleRef(policy, str(mv["version"]), tags[TAG_PATH], tags[TAG_SHA256], int(tags[TAG_SIZE]), mv.get("run_id", ""))
 
-    def download(self, ref: BundleRef, dest: Path) -> None:
-        """Stream the bundle to ``dest``; refuse more bytes than declared or a digest mismatch."""
-        h = hashlib.sha256()
-        received = 0
-        with self._open("/api/2.0/mlflow-artifacts/artifacts/" + urllib.parse.quote(ref.path)) as response, \
-                open(dest, "wb") as out:
-            for chunk in iter(lambda: response.read(1 << 16), b""):
-                received += len(chunk)
-                if received > ref.size:
-                    raise CheckFailed("size", f"download exceeds the declared {ref.size} bytes")
-                h.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        if received != ref.size:
-            raise CheckFailed("size", f"download is {received} bytes, registry declared {ref.size} (truncated)")
-        if h.hexdigest() != ref.sha256:
-            raise CheckFailed("hash", "downloaded bundle sha256 does not match the registry's")
+    def download(self, ref: BundleRef, part: Path, on_chunk: Optional[Callable[[int], None]] = None) -> DownloadStats:
+        """Download the bundle into ``part``, resuming what is already there; verify its size and sha256.
+
+        ``part`` is kept after a transient failure (the next call resumes it) and removed after a
+        size or digest refusal. ``on_chunk(bytes_on_disk)`` runs after each chunk is written.
+        """
+        limit = self.options.max_bytes
+        if ref.size > limit:
+            raise CheckFailed("size", f"{ref.policy} v{ref.version} is declared {ref.size} bytes, over this device's "
+                                      f"limit of {limit} bytes")
+        stats = DownloadStats()
+        url_path = "/api/2.0/mlflow-artifacts/artifacts/" + urllib.parse.quote(ref.path)
+
+        def once(k: int) -> None:
+            stats.attempts = k + 1
+            have = part.stat().st_size if part.exists() else 0
+            if have > ref.size:
+                part.unlink()
+                have = 0
+            if have == ref.size:
+                return
+            response = self._request(url_path, headers={"Range": f"bytes={have}-"} if have else None)
+            with response:
+                status = response.status
+                mode = "wb"
+                if have and status == 206:
+                    match = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", response.headers.get("Content-Range", ""))
+                    if not match or int(match.group(1)) != have:
+                        raise _Transient(f"{self.base} answered a resume from byte {have} with Content-Range "
+                                         f"{response.headers.get('Content-Range')!r}; starting over")
+                    mode, stats.range_honoured = "ab", True
+                elif have:
+                    # The server ignored Range and sent the whole file (HTTP 200): MLflow's artifact proxy
+                    # honours Range for files in a local artifact store (Flask's send_file), but not when
+                    # it streams from a remote store through a temporary copy. Fall back to a full download.
+                    stats.range_honoured = False
+                    have = 0
+                stats.resumed_from = have
+                length = response.headers.get("Content-Length")
+                if length is not None and length.isdigit() and have + int(length) > ref.size:
+                    if part.exists():
+                        part.unlink()
+                    raise CheckFailed("size", f"{self.base} offers {have + int(length)} bytes for {ref.path}, "
+                                              f"registry declared {ref.size} (oversized response refused)")
+                received = have
+                with open(part, mode) as out:
+                    while True:
+                        try:
+                            chunk = response.read(CHUNK)
+                        except (OSError, http.client.HTTPException) as e:
+                            out.flush()
+                            os.fsync(out.fileno())
+                            raise _Transient(f"registry {self.base} is unreachable (connection lost after "
+                                             f"{received} of {ref.size} bytes: {e!r})") from None
+                        if not chunk:
+                            break
+                        received += len(chunk)
+                        if received > ref.size:
+                            out.close()
+                            part.unlink()
+                            raise CheckFailed("size", f"download of {ref.path} exceeds the declared {ref.size} bytes "
+                                                      f"(oversized response refused)")
+                        out.write(chunk)
+                        if on_chunk is not None:
+                            out.flush()
+                            on_chunk(received)
+                    out.flush()
+                    os.fsync(out.fileno())
+            if received < ref.size:
+                raise _Transient(f"{self.base} sent {received} of {ref.size} bytes for {ref.path} (truncated); resuming")
+
+        try:
+            self._retrying(f"download of {ref.path}", once)
+        except RegistryUnavailable as e:
+            if "truncated" in e.detail:
+                raise CheckFailed("size", f"download of {ref.path} stayed truncated after {self.options.attempts} "
+                                          f"attempts ({e.detail})") from None
+            raise
+        if sha256_file(part) != ref.sha256:
+            part.unlink()
+            raise CheckFailed("hash", f"downloaded bundle {ref.path} sha256 does not match the registry's {ref.sha256[:12]}…")
+        return stats
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -5,18 +5,31 @@
     <root>/previous -> bundles/…
     <root>/journal.jsonl                 every pull, install, activation, rollback
     <root>/tmp/                          staging, on the same filesystem
+    <root>/downloads/<sha256>.part       a download in progress (resumed by the next pull)
+    <root>/backoff.json                  registry failures and when the next attempt may start
+    <root>/lock                          held (flock) by the one agent that may change the store
+
+Crash safety: a bundle directory appears by one rename of a complete, fsynced staging
+directory; links switch by rename over the old link; the journal tolerates a torn last line.
+Whatever a killed agent leaves in ``tmp/`` or as ``.*.tmp`` links is removed by the next one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import random
 import shutil
 import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
+
+from edge import crash
+from edge.errors import CheckFailed
 
 
 def _fsync_dir(path: Path) -> None:
@@ -25,6 +38,22 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _make_writable(path: Path) -> None:
+    for f in [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else []:
+        if not f.is_symlink():
+            f.chmod(0o700 if f.is_dir() else 0o600)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(str(tmp), str(path))
+    _fsync_dir(path.parent)
 
 
 class DeviceStore:
@@ -43,6 +72,69 @@ class DeviceStore:
         (self.root / "tmp").mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(dir=str(self.root / "tmp")))
 
+    def download_part(self, sha256: str) -> Path:
+        """Where the download of the bundle with digest ``sha256`` accumulates (kept across runs)."""
+        (self.root / "downloads").mkdir(parents=True, exist_ok=True)
+        return self.root / "downloads" / f"{sha256}.part"
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's lock; a second agent is refused rather than interleaved. Dies with the process."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(self.root / "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                raise CheckFailed("lock", f"another sim2edge-agent (pid {holder}) holds {self.root / 'lock'}") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            self._clean_leftovers()
+            yield
+        finally:
+            os.close(fd)
+
+    def _clean_leftovers(self) -> None:
+        """Remove what a killed agent left behind: staging directories and half-made links (lock held)."""
+        tmp = self.root / "tmp"
+        if tmp.is_dir():
+            for leftover in tmp.iterdir():
+                _make_writable(leftover)
+                shutil.rmtree(str(leftover), ignore_errors=True)
+        for link in self.root.glob(".*.tmp"):
+            if link.is_symlink():
+                link.unlink()
+        for part in self.root.glob(".*.part"):
+            part.unlink()
+
+    # -- backoff between attempts when the registry is unavailable, persisted so separate runs share it
+    @property
+    def backoff_path(self) -> Path:
+        return self.root / "backoff.json"
+
+    def backoff_state(self) -> Optional[dict]:
+        try:
+            return json.loads(self.backoff_path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def note_unavailable(self, registry: str, detail: str, base_s: float, cap_s: float) -> dict:
+        """Count one more failed attempt on ``registry``; the next may start after base·2^(n-1), jittered."""
+        old = self.backoff_state()
+        failures = (old["failures"] if old and old.get("registry") == registry else 0) + 1
+        delay = min(cap_s, base_s * 2 ** (failures - 1))
+        delay = random.uniform(delay / 2, delay)  # equal jitter: devices that failed together retry apart
+        state = {"registry": registry, "failures": failures, "last_error": detail,
+                 "last_attempt": time.time(), "next_attempt": time.time() + delay}
+        _write_atomic(self.backoff_path, json.dumps(state, sort_keys=True).encode())
+        return state
+
+    def clear_backoff(self) -> None:
+        if self.backoff_path.exists():
+            self.backoff_path.unlink()
+            _fsync_dir(self.root)
+
     def link(self, name: str) -> Optional[Path]:
         """Where ``current`` or ``previous`` points, or None."""
         path = self.root / name
@@ -57,8 +149,11 @@ class DeviceStore:
         final.parent.mkdir(parents=True, exist_ok=True)
         for f in staged.rglob("*"):
             f.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH | (stat.S_IXUSR if f.is_dir() else 0))
+        _fsync_dir(staged)
+        crash.point("install-chmod")
         os.replace(str(staged), str(final))
         _fsync_dir(final.parent)
+        crash.point("installed")
         return final
 
     def activate(self, bundle: Path) -> None:
@@ -66,13 +161,25 @@ class DeviceStore:
         old = self.link("current")
         if old is not None and old != bundle:
             self._switch("previous", old)
-        self._switch("current", bundle)
+            crash.point("previous-switched")
+        self._switch("current", bundle, "current-link")
 
-    def _switch(self, name: str, target: Path) -> None:
+    def restore(self, current: Optional[Path], previous: Optional[Path]) -> None:
+        """Put both links back as they were (after a failed health check)."""
+        for name, target in (("current", current), ("previous", previous)):
+            if target is not None:
+                self._switch(name, target)
+            elif (self.root / name).is_symlink():
+                (self.root / name).unlink()
+                _fsync_dir(self.root)
+
+    def _switch(self, name: str, target: Path, crash_step: str = "") -> None:
         tmp = self.root / f".{name}.{os.getpid()}.tmp"
         if tmp.is_symlink():
             tmp.unlink()
         os.symlink(os.path.relpath(str(target), str(self.root)), str(tmp))
+        if crash_step:
+            crash.point(crash_step)
         os.replace(str(tmp), str(self.root / name))
         _fsync_dir(self.root)
 
@@ -80,15 +187,26 @@ class DeviceStore:
         """Append one event to the journal (fsynced)."""
         self.root.mkdir(parents=True, exist_ok=True)
         line = json.dumps(dict(time=time.time(), event=event, **fields), sort_keys=True)
-        with open(self.journal_path, "a") as f:
-            f.write(line + "\n")
+        with open(self.journal_path, "ab+") as f:
+            torn = False
+            if f.seek(0, os.SEEK_END) > 0:
+                f.seek(-1, os.SEEK_END)
+                torn = f.read(1) != b"\n"
+            f.write((b"\n" if torn else b"") + line.encode() + b"\n")  # a killed writer's torn line stays alone
             f.flush()
             os.fsync(f.fileno())
 
     def history(self) -> list:
+        """Journal events, oldest first; a line torn by a crash is skipped."""
         if not self.journal_path.exists():
             return []
-        return [json.loads(line) for line in self.journal_path.read_text().splitlines() if line.strip()]
+        events = []
+        for line in self.journal_path.read_text(errors="replace").splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return events
 
     def installed(self, policy: str) -> list:
         """Installed versions of ``policy``, oldest first."""
@@ -105,8 +223,7 @@ class DeviceStore:
                 path = policy_dir / version
                 if path in pinned:
                     continue
-                for f in [path, *path.rglob("*")]:
-                    f.chmod(0o700 if f.is_dir() else 0o600)
+                _make_writable(path)
                 shutil.rmtree(path)
                 removed.append(f"{policy_dir.name}/{version}")
         if removed:

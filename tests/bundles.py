@@ -1,8 +1,11 @@
-"""Small real bundles for the agent's tests: a tiny ONNX graph built with onnx.helper, signed."""
+"""Small real bundles for the agent's tests: a tiny ONNX graph built with onnx.helper, signed; publishing them
+to a real MLflow server, and a fault-injecting proxy in front of it."""
 
 from __future__ import annotations
 
 import io
+import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -31,9 +34,12 @@ def golden(weight: float = 0.5) -> bytes:
     return buf.getvalue()
 
 
-def manifest(version: str = "1", target: str = "orin-jp6.1", period_s: float = 0.02) -> dict:
+def manifest(version: str = "1", target: str = "orin-jp6.1", period_s: float = 0.02, name: str = "tiny",
+             io: dict | None = None) -> dict:
+    extra = {"io": io} if io is not None else {}
     return {
-        "policy": {"name": "tiny", "version": version, "task": "cartpole"},
+        **extra,
+        "policy": {"name": name, "version": version, "task": "cartpole"},
         "provenance": {"mlflow_run_id": "test"},
         "target": {"name": target},
         "control": {"period_s": period_s},
@@ -48,7 +54,143 @@ def make_keys(tmp: Path, name: str = "k") -> tuple[Path, Path]:
     return priv, pub
 
 
-def make_bundle(out: Path, private_key: Path, files: dict | None = None, **manifest_args) -> str:
+def make_bundle(out: Path, private_key: Path, files: dict | None = None, pad_bytes: int = 0, **manifest_args) -> str:
+    """A signed tiny bundle; ``pad_bytes`` adds a listed filler member (engines/pad.plan) to make it bigger."""
     key = signing.load_private(private_key)
     files = files if files is not None else {"policy.onnx": tiny_onnx(), "golden.npz": golden()}
+    if pad_bytes:
+        files = dict(files, **{"engines/pad.plan": np.random.default_rng(len(out.name)).bytes(pad_bytes)})
     return bundle.write_bundle(out, files, manifest(**manifest_args), key.sign)
+
+
+TINY_IO = {"input": {"terms": [{"name": n, "unit": "1"} for n in "abcde"]},
+           "output": {"terms": [{"name": "u", "unit": "N"}], "low": [-0.5], "high": [0.8], "default": [0.1]}}
+
+
+def publish(tracking_url: str, tar: Path, name: str, alias: str | None = None) -> str:
+    """Log ``tar`` as a run artifact on a real MLflow server and register it as the next version of ``name``
+    with the bundle tags the agent reads (the same contract as registry.models.publish)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
+
+    client = MlflowClient(tracking_url)
+    found = client.get_experiment_by_name("agent-tests")
+    exp = found.experiment_id if found else client.create_experiment("agent-tests")
+    run = client.create_run(exp)
+    client.log_artifact(run.info.run_id, str(tar), "bundle")
+    path = run.info.artifact_uri.split(":", 1)[1].lstrip("/") + f"/bundle/{tar.name}"
+    try:
+        client.create_registered_model(name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/bundle", run_id=run.info.run_id, tags={
+        TAG_PATH: path, TAG_SHA256: bundle.sha256_path(tar), TAG_SIZE: str(tar.stat().st_size)})
+    if alias:
+        client.set_registered_model_alias(name, alias, mv.version)
+    client.set_terminated(run.info.run_id)
+    return str(mv.version)
+
+
+def publish_versions(tracking_url: str, tmp: Path, private_key: Path, name: str, count: int,
+                     alias: str = "champion", **manifest_args) -> list[str]:
+    """Publish versions 1..count of a tiny policy ``name`` (``alias`` on the last); returns the version numbers."""
+    versions = []
+    for i in range(1, count + 1):
+        tar = tmp / f"{name}-{i}.tar"
+        make_bundle(tar, private_key, version=str(i), name=name, **manifest_args)
+        versions.append(publish(tracking_url, tar, name, alias if i == count else None))
+    assert versions == [str(i) for i in range(1, count + 1)], f"{name} already had versions: {versions}"
+    return versions
+
+
+class FaultProxy:
+    """A stdlib HTTP proxy in front of a real server that injects one queued fault per artifact download.
+
+    ``faults`` is consumed in order, one per request to the artifact proxy (other requests pass through):
+    ``"500"`` (server error), ``"drop"`` (half the body, then the connection is reset), ``"truncate"``
+    (a consistent response of half the body), ``"oversize"`` (4 KiB more than the file, with a matching
+    Content-Length), ``"oversize-nolength"`` (the same without Content-Length), ``"stall"`` (headers,
+    then silence), ``"norange"`` (the Range header is stripped before forwarding). ``log`` records
+    (path, Range sent by the client, status returned, fault) per artifact request.
+    """
+
+    def __init__(self, upstream: str, stall_s: float = 3.0) -> None:
+        import http.server
+        import threading
+        import urllib.parse
+
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.faults: list[str] = []
+        self.log: list[tuple] = []
+        self.requests = 0
+        self.stall_s = stall_s
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                proxy.requests += 1
+                artifact = "/mlflow-artifacts/artifacts/" in self.path
+                fault = proxy.faults.pop(0) if artifact and proxy.faults else None
+                if fault == "500":
+                    proxy.log.append((self.path, self.headers.get("Range"), 500, fault))
+                    body = b'{"error_code": "INTERNAL_ERROR", "message": "injected fault"}'
+                    self.send_response(500)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                status, headers, body = proxy.forward(self.path, self.headers, strip_range=fault == "norange")
+                if artifact:
+                    proxy.log.append((self.path, self.headers.get("Range"), status, fault))
+                if fault in ("oversize", "oversize-nolength"):
+                    body += b"\0" * 4096
+                if fault == "truncate":
+                    body = body[: len(body) // 2]
+                self.send_response(status)
+                for k, v in headers:
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                        self.send_header(k, v)
+                if fault != "oversize-nolength":
+                    self.send_header("Content-Length", str(len(body)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                if fault == "stall":
+                    time.sleep(proxy.stall_s)
+                    return
+                if fault == "drop":
+                    # the connection ends halfway through a body whose Content-Length promised all of it
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def forward(self, path, headers, strip_range=False):
+        import http.client
+
+        conn = http.client.HTTPConnection(self.upstream.hostname, self.upstream.port, timeout=30)
+        try:
+            keep = {k: v for k, v in headers.items() if k.lower() in ("authorization", "range", "accept")}
+            if strip_range:
+                keep = {k: v for k, v in keep.items() if k.lower() != "range"}
+            conn.request("GET", path, headers=keep)
+            r = conn.getresponse()
+            return r.status, r.getheaders(), r.read()
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
