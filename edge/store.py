@@ -107,6 +107,18 @@ class DeviceStore:
                 link.unlink()
         for part in self.root.glob(".*.part"):
             part.unlink()
+        self._journal_unjournaled_switch()
+
+    def _journal_unjournaled_switch(self) -> None:
+        """If an agent died between switching ``current`` and journaling it, say so in the journal."""
+        current = self.link("current")
+        if current is None:
+            return
+        switches = [e for e in self.history() if e["event"] in ("activate", "rollback", "recovered")]
+        last = (switches[-1].get("policy"), str(switches[-1].get("version"))) if switches else None
+        if last != (current.parent.name, current.name):
+            self.record("recovered", policy=current.parent.name, version=current.name,
+                        detail="current was switched by an agent that stopped before journaling it")
 
     # -- backoff between attempts when the registry is unavailable, persisted so separate runs share it
     @property
