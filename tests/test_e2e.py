@@ -15,7 +15,7 @@ from edge.store import DeviceStore
 from flows.params import SimToEdgeParams
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
-from stages.twin.evaluate import run_episodes
+from stages.twin.episodes import run_episodes
 from tests.bundles import make_keys
 from tests.conftest import run_cli
 
@@ -70,7 +70,7 @@ def test_agent_pulls_verifies_and_runs_the_policy(pipeline, mlflow_server, works
     current = DeviceStore(root).link("current")
     task = load("cartpole")
     result = run_episodes(OnnxRuntime(current / "policy.onnx"), BatchedEnv(task, 8, seed=77))
-    assert result["success"].mean() >= 0.75
+    assert result.success.mean() >= 0.75
     policy = Policy.load(root)
     policy.check_names([o.name for o in task.observations])
     obs = BatchedEnv(task, 4, seed=5).observe()

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-MAX_FRAMES = 40
+MAX_FRAMES = 30
 SIZE = (180, 240)  # height, width
 
 
