@@ -90,6 +90,29 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from edge.control import run
+
+    stats = run(Path(args.root), args.listen, args.watchdog_periods, args.duration, args.stop_after_silence,
+                args.stats)
+    print(json.dumps(stats, sort_keys=True))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from edge.bench import bench
+
+    r = bench(Path(args.root), args.iterations)
+    if args.json:
+        print(json.dumps(r, sort_keys=True))
+    else:
+        print(f"{r['policy']} v{r['version']} on {r['runtime']} {r['providers']}, {r['iterations']} calls each\n"
+              f"  bare session.run  p50 {r['bare_p50_us']:8.1f} us  p99 {r['bare_p99_us']:8.1f} us\n"
+              f"  Policy.act()      p50 {r['act_p50_us']:8.1f} us  p99 {r['act_p99_us']:8.1f} us\n"
+              f"  ratio act/bare    p50 {r['ratio_p50']:.2f}x      p99 {r['ratio_p99']:.2f}x")
+    return 0
+
+
 def _gc(args: argparse.Namespace) -> int:
     store = DeviceStore(Path(args.root))
     with store.locked():
@@ -139,6 +162,21 @@ def parser() -> argparse.ArgumentParser:
     ve.add_argument("--root", default=DEFAULT_ROOT)
     ve.add_argument("--trust", action="append", required=True, type=Path)
     ve.set_defaults(func=_verify)
+    rn = sub.add_parser("run", help="serve the active policy: observations in, actions out, at the bundle's rate")
+    rn.add_argument("--root", default=DEFAULT_ROOT)
+    rn.add_argument("--listen", default="udp://127.0.0.1:5600",
+                    help="udp://HOST:PORT or unix:///PATH (wire format: see edge/control.py; default %(default)s)")
+    rn.add_argument("--watchdog-periods", type=int, default=5,
+                    help="no observation for this many periods: send the safe default (default %(default)s)")
+    rn.add_argument("--stop-after-silence", type=float, metavar="S", help="exit after S seconds without observations")
+    rn.add_argument("--duration", type=float, metavar="S", help="exit after S seconds (default: until SIGTERM)")
+    rn.add_argument("--stats", type=Path, help="also write the final statistics (JSON) here")
+    rn.set_defaults(func=_run)
+    be = sub.add_parser("bench", help="latency p50/p99 of Policy.act() vs the bare runtime call")
+    be.add_argument("--root", default=DEFAULT_ROOT)
+    be.add_argument("--iterations", type=int, default=20000)
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(func=_bench)
     gc = sub.add_parser("gc", help="delete old installed versions (never current or previous)")
     gc.add_argument("--root", default=DEFAULT_ROOT)
     gc.add_argument("--keep", type=int, default=3, help="versions to keep per policy (default: %(default)s)")

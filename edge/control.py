@@ -1,0 +1,232 @@
+"""``sim2edge-agent run``: the control loop, at the bundle's rate, over a local datagram socket.
+
+Every control period (``control.period_s`` of the active bundle) the loop takes the newest
+observation that arrived since the last tick, computes ``Policy.act`` (limits clamped, NaN/Inf
+guard) and sends the action back to the observation's sender. With no observation for
+``watchdog_periods`` periods it sends the safe default action (flag WATCHDOG) every period.
+
+Wire format (UDP ``udp://HOST:PORT`` or a Unix datagram socket ``unix:///path``), little-endian:
+
+    observation  client → agent   "<4sIdI" + count × float32
+        magic   b"S2O1"
+        seq     uint32   sender's sequence number, echoed in the action
+        stamp   float64  sender's clock, echoed unchanged (round-trip timing)
+        count   uint32   number of float32 values; must equal the bundle's observation size
+        values  count × float32, in the bundle's observation order (``io.input.terms``)
+
+    action       agent → client   "<4sIdII" + count × float32
+        magic   b"S2A1"
+        seq     uint32   seq of the observation this answers (last seen one for WATCHDOG)
+        stamp   float64  that observation's stamp
+        flags   uint32   1 SAFE_DEFAULT: non-finite observation or action, default emitted (counted)
+                         2 WATCHDOG: no observation for K periods, default emitted
+                         4 LATE: this period's deadline was missed
+        count   uint32   number of float32 values (the bundle's action size)
+        values  count × float32, in the bundle's action order (``io.output.terms``), within limits
+
+    stats request   b"S2S1" (4 bytes)  → reply b"S2S1" + UTF-8 JSON of :meth:`ControlLoop.stats`
+
+Datagrams that match neither format, or carry the wrong count, are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import time
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from edge.policy import Policy
+
+OBS = struct.Struct("<4sIdI")
+ACT = struct.Struct("<4sIdII")
+OBS_MAGIC, ACT_MAGIC, STATS_MAGIC = b"S2O1", b"S2A1", b"S2S1"
+SAFE_DEFAULT, WATCHDOG, LATE = 1, 2, 4
+
+
+def open_socket(address: str) -> Tuple[socket.socket, str]:
+    """Bind ``udp://host:port`` or ``unix:///path``; returns the socket and the bound address."""
+    if address.startswith("udp://"):
+        host, _, port = address[6:].rpartition(":")
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((host or "127.0.0.1", int(port)))
+        bound = "udp://%s:%d" % sock.getsockname()
+    elif address.startswith("unix://"):
+        path = address[7:]
+        if os.path.exists(path):
+            os.unlink(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(path)
+        bound = address
+    else:
+        raise ValueError(f"listen address {address!r} must be udp://HOST:PORT or unix:///PATH")
+    sock.setblocking(False)
+    return sock, bound
+
+
+def encode_observation(seq: int, stamp: float, values: np.ndarray) -> bytes:
+    v = np.ascontiguousarray(values, dtype="<f4")
+    return OBS.pack(OBS_MAGIC, seq, stamp, v.size) + v.tobytes()
+
+
+def decode_action(data: bytes) -> Tuple[int, float, int, np.ndarray]:
+    """An action datagram → (seq, stamp, flags, values)."""
+    magic, seq, stamp, flags, count = ACT.unpack_from(data)
+    if magic != ACT_MAGIC or len(data) != ACT.size + 4 * count:
+        raise ValueError(f"not an action datagram ({len(data)} bytes, magic {magic!r})")
+    return seq, stamp, flags, np.frombuffer(data, "<f4", count, ACT.size)
+
+
+class ControlLoop:
+    """Ticks at ``policy.period_s``; see the module docstring for the protocol."""
+
+    def __init__(self, policy: Policy, sock: socket.socket, watchdog_periods: int = 5,
+                 stop_after_silence_s: Optional[float] = None) -> None:
+        self.policy, self.sock = policy, sock
+        self.period = policy.period_s
+        self.watchdog_periods = watchdog_periods
+        self.stop_after_silence_s = stop_after_silence_s
+        self.n_obs = len(policy.obs_names)
+        self.default = policy.default.astype("<f4")
+        self.client = None
+        self.last_seq, self.last_stamp = 0xFFFFFFFF, 0.0
+        self.silent = 0
+        self.counts = dict(ticks=0, observations=0, actions=0, safe_default=0, watchdog_trips=0,
+                           watchdog_actions=0, malformed=0, deadline_misses=0, skipped_periods=0, dropped_stale=0)
+        self.act_times: List[float] = []
+        self.lateness: List[float] = []
+        self._stop = False
+        self._started: Optional[float] = None
+
+    def stop(self, *_args: object) -> None:
+        self._stop = True
+
+    def stats(self) -> dict:
+        """Counters, and act() and wake-up lateness percentiles in microseconds."""
+        def pct(xs: List[float], q: float) -> Optional[float]:
+            return round(float(np.percentile(xs, q)) * 1e6, 1) if xs else None
+
+        m = self.policy.manifest["policy"]
+        return dict(self.counts, policy=m["name"], version=str(m["version"]), period_s=self.period,
+                    watchdog=self.silent >= self.watchdog_periods,
+                    uptime_s=round(time.monotonic() - self._started, 3) if self._started else 0.0,
+                    act_p50_us=pct(self.act_times, 50), act_p99_us=pct(self.act_times, 99),
+                    wake_late_p99_us=pct(self.lateness, 99))
+
+    def _drain(self) -> Optional[Tuple[bytes, object]]:
+        """Read every pending datagram; answer stats requests; return the newest valid observation."""
+        newest = None
+        while True:
+            try:
+                data, addr = self.sock.recvfrom(65536)
+            except (BlockingIOError, InterruptedError):
+                return newest
+            if data == STATS_MAGIC:
+                if addr:
+                    self.sock.sendto(STATS_MAGIC + json.dumps(self.stats()).encode(), addr)
+                continue
+            if len(data) < OBS.size or data[:4] != OBS_MAGIC:
+                self.counts["malformed"] += 1
+                continue
+            count = OBS.unpack_from(data)[3]
+            if count != self.n_obs or len(data) != OBS.size + 4 * count:
+                self.counts["malformed"] += 1
+                continue
+            if newest is not None:
+                self.counts["dropped_stale"] += 1  # two observations in one period: the older is skipped
+            newest = (data, addr)
+
+    def _send(self, seq: int, stamp: float, flags: int, action: np.ndarray) -> None:
+        if self.client is None:
+            return
+        try:
+            self.sock.sendto(ACT.pack(ACT_MAGIC, seq, stamp, flags, action.size) + action.astype("<f4").tobytes(),
+                             self.client)
+            self.counts["actions"] += 1
+        except OSError:
+            pass  # the client went away; the watchdog takes over
+
+    def tick(self, deadline: float) -> None:
+        """One control period: newest observation → action, or the watchdog's default."""
+        self.counts["ticks"] += 1
+        got = self._drain()
+        flags = 0
+        if got is not None:
+            data, addr = got
+            self.client = addr or self.client
+            _, seq, stamp, count = OBS.unpack_from(data)
+            obs = np.frombuffer(data, "<f4", count, OBS.size)
+            self.counts["observations"] += 1
+            self.silent = 0
+            before = self.policy.unsafe_count
+            start = time.perf_counter()
+            action = self.policy.act(obs)
+            self.act_times.append(time.perf_counter() - start)
+            if self.policy.unsafe_count != before:
+                flags |= SAFE_DEFAULT
+                self.counts["safe_default"] += 1
+            self.last_seq, self.last_stamp = seq, stamp
+        else:
+            self.silent += 1
+            if self.silent < self.watchdog_periods:
+                return
+            if self.silent == self.watchdog_periods:
+                self.counts["watchdog_trips"] += 1
+            flags |= WATCHDOG
+            self.counts["watchdog_actions"] += 1
+            action = self.default
+        if time.monotonic() > deadline:
+            flags |= LATE
+            self.counts["deadline_misses"] += 1
+        self._send(self.last_seq, self.last_stamp, flags, action)
+
+    def serve(self, duration_s: Optional[float] = None) -> dict:
+        """Run until stopped (SIGTERM/SIGINT), ``duration_s`` elapsed, or the silence limit; return stats."""
+        start = next_tick = self._started = time.monotonic()
+        while not self._stop:
+            now = time.monotonic()
+            if duration_s is not None and now - start >= duration_s:
+                break
+            if now < next_tick:
+                time.sleep(next_tick - now)
+                now = time.monotonic()
+            self.lateness.append(now - next_tick)
+            if now - next_tick > self.period:
+                # woke up more than a period late: count the periods lost, re-anchor instead of bursting
+                lost = int((now - next_tick) / self.period)
+                self.counts["skipped_periods"] += lost
+                self.counts["deadline_misses"] += lost
+                next_tick += lost * self.period
+            self.tick(next_tick + self.period)
+            next_tick += self.period
+            if self.stop_after_silence_s is not None and self.silent * self.period >= self.stop_after_silence_s:
+                break
+        return self.stats()
+
+
+def run(root: Path, listen: str, watchdog_periods: int = 5, duration_s: Optional[float] = None,
+        stop_after_silence_s: Optional[float] = None, stats_path: Optional[Path] = None) -> dict:
+    """Serve the active policy of the store at ``root`` on ``listen`` (the CLI's ``run``)."""
+    policy = Policy.load(root)
+    sock, bound = open_socket(listen)
+    loop = ControlLoop(policy, sock, watchdog_periods, stop_after_silence_s)
+    signal.signal(signal.SIGTERM, loop.stop)
+    signal.signal(signal.SIGINT, loop.stop)
+    m = policy.manifest["policy"]
+    print(f"serving {m['name']} v{m['version']} on {bound} every {policy.period_s * 1e3:g} ms "
+          f"({policy.runtime.name}, watchdog after {watchdog_periods} periods)", flush=True)
+    try:
+        stats = loop.serve(duration_s)
+    finally:
+        sock.close()
+        if listen.startswith("unix://") and os.path.exists(listen[7:]):
+            os.unlink(listen[7:])
+    if stats_path is not None:
+        stats_path.write_text(json.dumps(stats, sort_keys=True))
+    return stats

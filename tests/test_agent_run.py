@@ -1,0 +1,151 @@
+"""``sim2edge-agent run`` driven over its socket from a test client, and ``sim2edge-agent bench``.
+
+The loop runs as a real subprocess serving a real ONNX Runtime session; the client speaks the
+wire format documented in edge/control.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge import bundle, signing
+from edge.control import SAFE_DEFAULT, STATS_MAGIC, WATCHDOG, decode_action, encode_observation
+from edge.store import DeviceStore
+from tests.bundles import TINY_IO, make_bundle, make_keys
+from tests.conftest import run_cli
+
+AGENT = str(Path(sys.executable).parent / "sim2edge-agent")
+
+
+def store_with(tmp_path: Path, period_s: float) -> Path:
+    """A device store whose active policy is the tiny bundle with an I/O contract (limits [-0.5, 0.8], default 0.1)."""
+    priv, pub = make_keys(tmp_path)
+    make_bundle(tmp_path / "b.tar", priv, io=TINY_IO, period_s=period_s)
+    store = DeviceStore(tmp_path / "store")
+    staged = store.staging_dir()
+    bundle.extract(tmp_path / "b.tar", staged, 1 << 24)
+    bundle.verify_dir(staged, signing.load_trusted([pub]))
+    store.activate(store.install(staged, "tiny", "1"))
+    return store.root
+
+
+def start(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([AGENT, "run", "--root", str(root), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("serving tiny v1 on "), line + proc.stderr.read()
+    return proc, line.split(" on ", 1)[1].split(" ")[0]
+
+
+class Client:
+    def __init__(self, address: str, tmp: Path) -> None:
+        if address.startswith("udp://"):
+            host, _, port = address[6:].rpartition(":")
+            self.sock, self.peer = socket.socket(socket.AF_INET, socket.SOCK_DGRAM), (host, int(port))
+        else:
+            self.sock, self.peer = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM), address[7:]
+            self.sock.bind(str(tmp / "client.sock"))  # a Unix datagram client needs an address for replies
+        self.sock.settimeout(2.0)
+
+    def act(self, seq: int, obs) -> tuple:
+        self.sock.sendto(encode_observation(seq, time.monotonic(), np.asarray(obs, np.float32)), self.peer)
+        while True:
+            got = decode_action(self.sock.recv(65536))
+            if got[0] == seq:
+                return got
+
+    def stats(self) -> dict:
+        self.sock.sendto(STATS_MAGIC, self.peer)
+        while True:
+            data = self.sock.recv(65536)
+            if data.startswith(STATS_MAGIC):
+                return json.loads(data[4:])
+
+
+def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
+    root = store_with(tmp_path, period_s=0.01)
+    proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--watchdog-periods", "3")
+    try:
+        client = Client(address, tmp_path)
+        seq, stamp, flags, action = client.act(1, np.full(5, 0.2))
+        assert (seq, flags) == (1, 0) and action == pytest.approx([0.5])      # 0.5 * sum(obs)
+        assert client.act(2, np.full(5, 10.0))[3] == pytest.approx([0.8])      # graph 1.0, manifest limit 0.8
+        assert client.act(3, np.full(5, -10.0))[3] == pytest.approx([-0.5])
+        nan = np.zeros(5, np.float32)
+        nan[2] = np.nan
+        seq, _, flags, action = client.act(4, nan)
+        assert seq == 4 and flags & SAFE_DEFAULT and action == pytest.approx([0.1])
+        seq, _, flags, action = client.act(5, np.array([0, np.inf, 0, 0, 0], np.float32))
+        assert flags & SAFE_DEFAULT and action == pytest.approx([0.1])
+        client.sock.sendto(encode_observation(6, 0.0, np.zeros(4, np.float32)), client.peer)  # wrong size
+        client.sock.sendto(b"hello", client.peer)
+        # silence: after 3 periods the watchdog sends the default, flagged, answering the last seq
+        quiet = time.monotonic()
+        got = decode_action(client.sock.recv(65536))
+        assert got[2] & WATCHDOG and got[3] == pytest.approx([0.1]) and got[0] == 5
+        assert time.monotonic() - quiet >= 0.02
+        stats = client.stats()
+        assert stats["safe_default"] == 2 and stats["malformed"] == 2 and stats["observations"] == 5
+        assert stats["watchdog_trips"] == 1 and stats["watchdog"] is True
+        # observations again end the watchdog
+        assert client.act(7, np.zeros(5))[2] & WATCHDOG == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    final = json.loads(out.strip().splitlines()[-1])
+    assert final["observations"] == 6 and final["safe_default"] == 2 and final["act_p99_us"] > 0
+    # the loop kept the bundle's rate: every period is a tick or counted as skipped
+    periods, expected = final["ticks"] + final["skipped_periods"], final["uptime_s"] / 0.01
+    assert expected > 10 and 0.9 * expected - 1 <= periods <= expected + 1, final
+
+
+def test_run_loop_over_unix_socket_and_silence_stop(tmp_path):
+    root = store_with(tmp_path, period_s=0.005)
+    sock_path = tmp_path / "agent.sock"
+    proc, address = start(root, "--listen", f"unix://{sock_path}", "--watchdog-periods", "2",
+                          "--stop-after-silence", "0.1", "--stats", str(tmp_path / "stats.json"))
+    try:
+        client = Client(address, tmp_path)
+        assert client.act(1, np.full(5, 0.1))[3] == pytest.approx([0.25])
+    finally:
+        out, err = proc.communicate(timeout=10)  # exits by itself after 0.1 s of silence
+    assert proc.returncode == 0, err
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["observations"] == 1 and stats["watchdog_actions"] >= 15
+    assert not sock_path.exists()
+
+
+def test_deadline_misses_are_counted(tmp_path):
+    """A 50 µs period cannot be kept by a Python loop: the misses must show in the statistics."""
+    root = store_with(tmp_path, period_s=5e-5)
+    proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--duration", "0.5")
+    client = Client(address, tmp_path)
+    for i in range(200):
+        client.sock.sendto(encode_observation(i, 0.0, np.zeros(5, np.float32)), client.peer)
+        time.sleep(0.001)
+    out, err = proc.communicate(timeout=10)
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["deadline_misses"] > 0 and stats["observations"] > 0
+
+
+def test_bench_reports_act_against_bare_run(tmp_path):
+    root = store_with(tmp_path, period_s=0.02)
+    r = run_cli("sim2edge-agent", "bench", "--root", str(root), "--iterations", "3000", "--json")
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout)
+    assert b["runtime"] == "onnxruntime" and b["iterations"] == 3000
+    assert 0 < b["bare_p50_us"] <= b["bare_p99_us"] and 0 < b["act_p50_us"] <= b["act_p99_us"]
+    assert b["ratio_p50"] == pytest.approx(b["act_p50_us"] / b["bare_p50_us"], rel=0.01)
+    text = run_cli("sim2edge-agent", "bench", "--root", str(root), "--iterations", "500")
+    assert "ratio act/bare" in text.stdout
