@@ -149,3 +149,16 @@ def test_bench_reports_act_against_bare_run(tmp_path):
     assert b["ratio_p50"] == pytest.approx(b["act_p50_us"] / b["bare_p50_us"], rel=0.01)
     text = run_cli("sim2edge-agent", "bench", "--root", str(root), "--iterations", "500")
     assert "ratio act/bare" in text.stdout
+
+
+def test_large_finite_observation_is_not_mistaken_for_nan(tmp_path):
+    """act()'s fast finiteness test (a dot product) overflows on huge values; the exact test must clear them."""
+    from edge.policy import Policy
+
+    policy = Policy.load(store_with(tmp_path, period_s=0.02))
+    assert policy.act(np.full(5, 1e20, np.float32)) == pytest.approx([0.8])
+    assert policy.act(np.full(5, -3e38, np.float32)) == pytest.approx([-0.5])
+    assert policy.unsafe_count == 0
+    batch = np.zeros((3, 5), np.float32)
+    batch[1, 0] = np.inf
+    assert policy.act(batch)[:, 0] == pytest.approx([0.0, 0.1, 0.0]) and policy.unsafe_count == 1
