@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -93,8 +94,12 @@ def _verify(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from edge.control import run
 
+    telemetry = None
+    if args.telemetry:
+        telemetry = dict(device_id=args.device_id, rows_per_file=args.telemetry_rows,
+                         cap_bytes=int(args.telemetry_cap_mb * (1 << 20)))
     stats = run(Path(args.root), args.listen, args.watchdog_periods, args.duration, args.stop_after_silence,
-                args.stats)
+                args.stats, telemetry)
     print(json.dumps(stats, sort_keys=True))
     return 0
 
@@ -110,6 +115,29 @@ def _bench(args: argparse.Namespace) -> int:
               f"  bare session.run  p50 {r['bare_p50_us']:8.1f} us  p99 {r['bare_p99_us']:8.1f} us\n"
               f"  Policy.act()      p50 {r['act_p50_us']:8.1f} us  p99 {r['act_p99_us']:8.1f} us\n"
               f"  ratio act/bare    p50 {r['ratio_p50']:.2f}x      p99 {r['ratio_p99']:.2f}x")
+    return 0
+
+
+def _upload(args: argparse.Namespace) -> int:
+    from edge.registry_client import TransferOptions
+    from edge.telemetry import Uploader
+
+    store = DeviceStore(Path(args.root))
+    task = args.task or (store.current_manifest() or {}).get("policy", {}).get("task")
+    if not task:
+        raise ValueError("no --task given and no active policy to read it from")
+    with store.locked():
+        runs = Uploader(Path(args.root), args.registry, task, args.device_id,
+                        TransferOptions(attempts=args.attempts, timeout_s=args.timeout)).upload()
+    print(f"uploaded telemetry in {len(runs)} run(s): {', '.join(runs) if runs else 'nothing pending'}")
+    return 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from edge.pull import watch
+
+    watch(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.interval, args.jitter,
+          args.skip_target_check, pull_options(args), args.iterations)
     return 0
 
 
@@ -171,12 +199,38 @@ def parser() -> argparse.ArgumentParser:
     rn.add_argument("--stop-after-silence", type=float, metavar="S", help="exit after S seconds without observations")
     rn.add_argument("--duration", type=float, metavar="S", help="exit after S seconds (default: until SIGTERM)")
     rn.add_argument("--stats", type=Path, help="also write the final statistics (JSON) here")
+    rn.add_argument("--telemetry", action="store_true", help="record observations, actions and timing "
+                    "under <root>/telemetry/pending (see edge/telemetry.py)")
+    rn.add_argument("--telemetry-rows", type=int, default=3000, help="control steps per file (default %(default)s)")
+    rn.add_argument("--telemetry-cap-mb", type=float, default=256.0,
+                    help="stop recording when pending files reach this size (default %(default)s)")
+    rn.add_argument("--device-id", default=socket.gethostname(), help="default: the host name")
     rn.set_defaults(func=_run)
     be = sub.add_parser("bench", help="latency p50/p99 of Policy.act() vs the bare runtime call")
     be.add_argument("--root", default=DEFAULT_ROOT)
     be.add_argument("--iterations", type=int, default=20000)
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=_bench)
+    up = sub.add_parser("upload", help="send recorded telemetry to the registry (resumable; deletes only "
+                                       "what the registry confirmed)")
+    up.add_argument("--registry", required=True)
+    up.add_argument("--root", default=DEFAULT_ROOT)
+    up.add_argument("--task", help="default: the active policy's task")
+    up.add_argument("--device-id", default=socket.gethostname(), help="default: the host name")
+    up.add_argument("--attempts", type=int, default=5)
+    up.add_argument("--timeout", type=float, default=20.0)
+    up.set_defaults(func=_upload)
+    wa = sub.add_parser("watch", help="poll an alias and pull+activate new versions with the same checks")
+    wa.add_argument("ref", help="<policy>@<alias>")
+    wa.add_argument("--registry", required=True)
+    wa.add_argument("--root", default=DEFAULT_ROOT)
+    wa.add_argument("--trust", action="append", required=True, type=Path)
+    wa.add_argument("--interval", type=float, default=60.0, help="seconds between polls (default %(default)s)")
+    wa.add_argument("--jitter", type=float, default=0.2, help="each wait is interval x uniform(1-j, 1+j)")
+    wa.add_argument("--iterations", type=int, help="stop after this many polls (default: never)")
+    wa.add_argument("--skip-target-check", action="store_true")
+    add_transfer_arguments(wa)
+    wa.set_defaults(func=_watch)
     gc = sub.add_parser("gc", help="delete old installed versions (never current or previous)")
     gc.add_argument("--root", default=DEFAULT_ROOT)
     gc.add_argument("--keep", type=int, default=3, help="versions to keep per policy (default: %(default)s)")

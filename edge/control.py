@@ -43,6 +43,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from edge.policy import Policy
+from edge.telemetry import Recorder
 
 OBS = struct.Struct("<4sIdI")
 ACT = struct.Struct("<4sIdII")
@@ -87,8 +88,9 @@ class ControlLoop:
     """Ticks at ``policy.period_s``; see the module docstring for the protocol."""
 
     def __init__(self, policy: Policy, sock: socket.socket, watchdog_periods: int = 5,
-                 stop_after_silence_s: Optional[float] = None) -> None:
-        self.policy, self.sock = policy, sock
+                 stop_after_silence_s: Optional[float] = None, recorder: Optional[Recorder] = None) -> None:
+        self.policy, self.sock, self.recorder = policy, sock, recorder
+        self.episode, self.step, self._last_tick = 0, 0, 0.0
         self.period = policy.period_s
         self.watchdog_periods = watchdog_periods
         self.stop_after_silence_s = stop_after_silence_s
@@ -117,7 +119,9 @@ class ControlLoop:
                     watchdog=self.silent >= self.watchdog_periods,
                     uptime_s=round(time.monotonic() - self._started, 3) if self._started else 0.0,
                     act_p50_us=pct(self.act_times, 50), act_p99_us=pct(self.act_times, 99),
-                    wake_late_p99_us=pct(self.lateness, 99))
+                    wake_late_p99_us=pct(self.lateness, 99),
+                    telemetry_files=self.recorder.files_written if self.recorder else 0,
+                    telemetry_rows_dropped=self.recorder.rows_dropped if self.recorder else 0)
 
     def _drain(self) -> Optional[Tuple[bytes, object]]:
         """Read every pending datagram; answer stats requests; return the newest valid observation."""
@@ -155,6 +159,8 @@ class ControlLoop:
     def tick(self, deadline: float) -> None:
         """One control period: newest observation → action, or the watchdog's default."""
         self.counts["ticks"] += 1
+        now = time.monotonic()
+        loop_s, self._last_tick = (now - self._last_tick if self._last_tick else 0.0), now
         got = self._drain()
         flags = 0
         if got is not None:
@@ -178,6 +184,7 @@ class ControlLoop:
                 return
             if self.silent == self.watchdog_periods:
                 self.counts["watchdog_trips"] += 1
+                self.episode, self.step = self.episode + 1, 0  # telemetry: a new episode after silence
             flags |= WATCHDOG
             self.counts["watchdog_actions"] += 1
             action = self.default
@@ -185,6 +192,9 @@ class ControlLoop:
             flags |= LATE
             self.counts["deadline_misses"] += 1
         self._send(self.last_seq, self.last_stamp, flags, action)
+        if got is not None and self.recorder is not None:
+            self.recorder.record(self.episode, self.step, time.time(), obs, action, self.act_times[-1], loop_s, flags)
+            self.step += 1
 
     def serve(self, duration_s: Optional[float] = None) -> dict:
         """Run until stopped (SIGTERM/SIGINT), ``duration_s`` elapsed, or the silence limit; return stats."""
@@ -207,15 +217,24 @@ class ControlLoop:
             next_tick += self.period
             if self.stop_after_silence_s is not None and self.silent * self.period >= self.stop_after_silence_s:
                 break
+        if self.recorder is not None:
+            self.recorder.flush()
         return self.stats()
 
 
 def run(root: Path, listen: str, watchdog_periods: int = 5, duration_s: Optional[float] = None,
-        stop_after_silence_s: Optional[float] = None, stats_path: Optional[Path] = None) -> dict:
-    """Serve the active policy of the store at ``root`` on ``listen`` (the CLI's ``run``)."""
+        stop_after_silence_s: Optional[float] = None, stats_path: Optional[Path] = None,
+        telemetry: Optional[dict] = None) -> dict:
+    """Serve the active policy of the store at ``root`` on ``listen`` (the CLI's ``run``).
+
+    ``telemetry``: ``Recorder`` keyword arguments (``device_id``, ``rows_per_file``, ``cap_bytes``) to record."""
     policy = Policy.load(root)
     sock, bound = open_socket(listen)
-    loop = ControlLoop(policy, sock, watchdog_periods, stop_after_silence_s)
+    recorder = None
+    if telemetry is not None:
+        recorder = Recorder(root, policy.obs_names, policy.action_names, str(policy.manifest["policy"]["version"]),
+                            **telemetry)
+    loop = ControlLoop(policy, sock, watchdog_periods, stop_after_silence_s, recorder)
     signal.signal(signal.SIGTERM, loop.stop)
     signal.signal(signal.SIGINT, loop.stop)
     m = policy.manifest["policy"]

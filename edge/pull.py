@@ -12,7 +12,9 @@ its ``next_attempt`` time is refused (check ``backoff``) without touching the ne
 from __future__ import annotations
 
 import json
+import random
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -191,3 +193,25 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, ref: str, target_re
         return PullResult(target_ref.policy, target_ref.version, final, True, smoke, stats)
     finally:
         shutil.rmtree(str(staging), ignore_errors=True)
+
+
+def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s: float = 60.0, jitter: float = 0.2,
+          skip_target_check: bool = False, options: Optional[PullOptions] = None, iterations: Optional[int] = None,
+          rng: Optional[random.Random] = None) -> None:
+    """Poll ``ref`` every ``interval_s`` (× uniform(1-jitter, 1+jitter), so a fleet spreads out) and pull new
+    versions with all of pull's checks. Refusals and outages are reported on stderr and the loop goes on;
+    the persisted backoff keeps an unavailable registry from being hammered."""
+    rng = rng or random.Random()
+    trusted = list(trusted)
+    polls = 0
+    while True:
+        try:
+            result = pull(ref, registry_url, root, trusted, skip_target_check, options)
+            if result.changed:
+                print(f"watch: activated {result.policy} v{result.version} at {result.path}", flush=True)
+        except CheckFailed as e:
+            print(f"watch: {e}", file=sys.stderr, flush=True)
+        polls += 1
+        if iterations is not None and polls >= iterations:
+            return
+        time.sleep(interval_s * rng.uniform(1 - jitter, 1 + jitter))

@@ -46,6 +46,14 @@ class RegistryUnavailable(CheckFailed):
         super().__init__("registry", detail)
 
 
+class RegistryError(CheckFailed):
+    """The registry answered with an HTTP error that retrying will not fix (``status`` holds the code)."""
+
+    def __init__(self, detail: str, status: int) -> None:
+        super().__init__("registry", detail)
+        self.status = status
+
+
 class _Transient(Exception):
     """One attempt failed in a way worth retrying."""
 
@@ -119,10 +127,12 @@ class RegistryClient:
         o = self.options
         return self._rng.uniform(0.0, min(o.backoff_cap_s, o.backoff_base_s * (2 ** attempt)))
 
-    def _request(self, path: str, params: Optional[dict] = None, headers: Optional[dict] = None):
+    def _request(self, path: str, params: Optional[dict] = None, headers: Optional[dict] = None,
+                 method: str = "GET", data: Optional[bytes] = None):
         """One HTTP request; raises :class:`_Transient` for retryable failures, CheckFailed otherwise."""
         url = self.base + path + ("?" + urllib.parse.urlencode(params) if params else "")
-        request = urllib.request.Request(url, headers=dict(self._headers(), **(headers or {})))
+        request = urllib.request.Request(url, data=data, method=method,
+                                         headers=dict(self._headers(), **(headers or {})))
         try:
             return urllib.request.urlopen(request, timeout=self.options.timeout_s)
         except urllib.error.HTTPError as e:
@@ -140,7 +150,7 @@ class RegistryClient:
             if e.code in (401, 403):
                 raise CheckFailed("registry", f"{self.base} refused the credentials (HTTP {e.code}) for {path}; "
                                               f"set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN") from None
-            raise CheckFailed("registry", message) from None
+            raise RegistryError(message, e.code) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             raise _Transient(f"registry {self.base} is unreachable ({getattr(e, 'reason', e)})") from None
 
@@ -159,19 +169,25 @@ class RegistryClient:
         raise RegistryUnavailable(f"registry {self.base} is unavailable: {what} failed after "
                                   f"{self.options.attempts} attempts (last: {last})")
 
-    def _json(self, path: str, params: dict) -> dict:
+    def _json(self, path: str, params: Optional[dict] = None, method: str = "GET",
+              body: Optional[object] = None, raw: Optional[bytes] = None) -> dict:
+        """A REST call answered with JSON, retried on transient failures. ``body`` is sent as JSON, ``raw`` as is."""
+        data = json.dumps(body).encode() if body is not None else raw
+        headers = {"Content-Type": "application/json" if body is not None else "application/octet-stream"} \
+            if data is not None else None
+
         def once(_k: int) -> dict:
             try:
-                with self._request(path, params) as response:
-                    body = response.read(1 << 22)
+                with self._request(path, params, headers, method, data) as response:
+                    answer = response.read(1 << 22)
             except (OSError, http.client.HTTPException) as e:
                 raise _Transient(f"registry {self.base} is unreachable (connection lost reading {path}: {e})") from None
             try:
-                return json.loads(body)
+                return json.loads(answer) if answer.strip() else {}
             except ValueError:
-                raise _Transient(f"{self.base} answered {path} with {len(body)} bytes that are not JSON") from None
+                raise _Transient(f"{self.base} answered {path} with {len(answer)} bytes that are not JSON") from None
 
-        return self._retrying(f"GET {path}", once)  # type: ignore[return-value]
+        return self._retrying(f"{method} {path}", once)  # type: ignore[return-value]
 
     def resolve(self, ref: str) -> BundleRef:
         """Resolve ``policy@alias`` / ``policy@version`` to the bundle it names."""
