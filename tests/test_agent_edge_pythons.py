@@ -1,0 +1,42 @@
+"""The agent's run loop, telemetry recorder and bench under the oldest JetPack Python (3.8, JetPack 5)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from edge.control import SAFE_DEFAULT
+from tests.test_agent_run import Client, store_with
+from tests.test_edge_pythons import edge_venv
+
+
+@pytest.mark.device
+def test_run_loop_and_bench_on_python38(tmp_path):
+    venv = edge_venv("3.8")
+    agent = str(venv / "bin" / "sim2edge-agent")
+    root = store_with(tmp_path, period_s=0.01)
+    proc = subprocess.Popen([agent, "run", "--root", str(root), "--listen", "udp://127.0.0.1:0", "--telemetry"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    line = proc.stdout.readline()
+    try:
+        assert line.startswith("serving tiny v1 on udp://"), line + proc.stderr.read()
+        client = Client(line.split(" on ", 1)[1].split(" ")[0], tmp_path)
+        assert client.act(1, np.full(5, 10.0))[3] == pytest.approx([0.8])
+        seq, _, flags, action = client.act(2, np.array([np.nan, 0, 0, 0, 0], np.float32))
+        assert flags & SAFE_DEFAULT and action == pytest.approx([0.1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    stats = json.loads(out.strip().splitlines()[-1])
+    assert stats["safe_default"] == 1 and stats["telemetry_files"] == 1
+    bench = subprocess.run([agent, "bench", "--root", str(root), "--iterations", "1000", "--json"],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert bench.returncode == 0, bench.stderr
+    assert json.loads(bench.stdout)["act_p50_us"] > 0
+    history = subprocess.run([agent, "history", "--root", str(root)], capture_output=True, text=True, cwd=tmp_path)
+    assert history.returncode == 0
