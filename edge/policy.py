@@ -29,6 +29,8 @@ class Policy:
         self.period_s = float(manifest["control"]["period_s"])
         self.runtime = OnnxRuntime(bundle_dir / "policy.onnx", manifest["runtime"]["onnxruntime_providers"])
         self.unsafe_count = 0
+        self.n_obs = len(self.obs_names)
+        self._run, self._input = self.runtime._run, self.runtime.input_name
 
     @classmethod
     def load(cls, root: Path) -> "Policy":
@@ -45,22 +47,21 @@ class Policy:
 
     def act(self, obs: np.ndarray) -> np.ndarray:
         """(obs_dim,) or (B, obs_dim) observations → actions clamped to the manifest's limits."""
-        x = np.asarray(obs, dtype=np.float32)
+        x = obs if type(obs) is np.ndarray and obs.dtype == np.float32 else np.asarray(obs, dtype=np.float32)
         single = x.ndim == 1
-        if single:
-            x = x.reshape(1, -1)
-        if x.shape[1] != len(self.obs_names):
-            raise ValueError(f"observation has {x.shape[1]} values, the bundle expects {len(self.obs_names)} "
+        batch = x[None] if single else x
+        if batch.shape[1] != self.n_obs:
+            raise ValueError(f"observation has {batch.shape[1]} values, the bundle expects {self.n_obs} "
                              f"({', '.join(self.obs_names)})")
         # fast finiteness test: a dot product is NaN/Inf if any element is (or if it overflows, a false
         # alarm that the exact per-row test below sorts out); one BLAS call instead of isfinite + all
-        flat = x.reshape(-1)
+        flat = x if single else x.reshape(-1)
         finite_in = math.isfinite(flat.dot(flat))
-        out = self.runtime.run(x if finite_in else np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0))
-        o = out.reshape(-1)
+        out = self._run({self._input: batch if finite_in else np.nan_to_num(batch, nan=0.0, posinf=0.0, neginf=0.0)})[0]
+        o = out[0] if single else out.reshape(-1)
         if not (finite_in and math.isfinite(o.dot(o))):
             # rare path: rows with a non-finite observation or action get the safe default
-            safe = np.isfinite(x).all(axis=1) & np.isfinite(out).all(axis=1)
+            safe = np.isfinite(batch).all(axis=1) & np.isfinite(out).all(axis=1)
             self.unsafe_count += int((~safe).sum())
             out[~safe] = self.default
         np.minimum(np.maximum(out, self.low, out=out), self.high, out=out)

@@ -25,7 +25,16 @@ class OnnxRuntime:
         self.providers = self.session.get_providers()
         self.input_name = self.session.get_inputs()[0].name
         self.output_name = self.session.get_outputs()[0].name
+        # InferenceSession.run is a Python wrapper (feed-name validation, EP-failure fallback) around the
+        # compiled session's run; on the CPU provider alone, where no fallback applies and act() checks the
+        # input's shape itself, call the compiled run directly (~3 us less per call); else the public one.
+        compiled = getattr(self.session, "_sess", None)
+        if self.providers == ["CPUExecutionProvider"] and compiled is not None and hasattr(compiled, "run"):
+            self._run = lambda feeds: compiled.run([self.output_name], feeds, None)
+        else:
+            self._run = lambda feeds: self.session.run([self.output_name], feeds)
+        self.compiled_run = self.providers == ["CPUExecutionProvider"] and compiled is not None
 
     def run(self, obs: np.ndarray) -> np.ndarray:
         """(B, obs_dim) float32 → (B, act_dim) float32."""
-        return self.session.run([self.output_name], {self.input_name: obs})[0]
+        return self._run({self.input_name: obs})[0]
