@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import List, Optional
 
 from edge.errors import CheckFailed
-from edge.registry_client import RegistryUnavailable
 from edge.signing import load_trusted
 from edge.store import DeviceStore
 
@@ -150,7 +149,7 @@ def _gc(args: argparse.Namespace) -> int:
 
 
 def add_transfer_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--attempts", type=int, default=5, help="tries per registry request (default: %(default)s)")
+    p.add_argument("--attempts", type=int, default=4, help="tries per registry request (default: %(default)s)")
     p.add_argument("--retry-base", type=float, default=0.5, metavar="S",
                    help="retry k waits uniform(0, min(8, S*2^k)) seconds (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=20.0, metavar="S",
@@ -242,11 +241,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except CheckFailed as e:
-        print(f"sim2edge-agent: {e}", file=sys.stderr)
-        # 3: try again later (registry unavailable, backing off, store busy); 2: refused
-        return 3 if isinstance(e, RegistryUnavailable) or e.check in ("backoff", "lock") else 2
-    except (ValueError, OSError) as e:
+    except (CheckFailed, ValueError, OSError) as e:
         print(f"sim2edge-agent: {e}", file=sys.stderr)
         return 2
 

@@ -100,7 +100,7 @@ def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Pa
 
 def _check_backoff(store: DeviceStore, registry_url: str) -> None:
     state = store.backoff_state()
-    if state and state.get("registry") == registry_url and time.time() < state["next_attempt"]:
+    if state and state.get("failures") and state.get("registry") == registry_url and time.time() < state["next_attempt"]:
         wait = state["next_attempt"] - time.time()
         raise CheckFailed("backoff", f"registry {registry_url} was unavailable on the last {state['failures']} "
                                      f"attempt(s) ({state['last_error']}); backing off, next attempt in {wait:.0f} s "

@@ -72,7 +72,7 @@ class BundleRef:
 class TransferOptions:
     """Retries, timeouts and the size limit for talking to the registry."""
 
-    attempts: int = 5            # tries per request, the first included
+    attempts: int = 4            # tries per request, the first included
     backoff_base_s: float = 0.5  # delay before retry k is uniform in [0, min(cap, base * 2**k)] (full jitter)
     backoff_cap_s: float = 8.0
     timeout_s: float = 20.0      # per socket operation: connect, and each read

@@ -134,7 +134,7 @@ class DeviceStore:
     def note_unavailable(self, registry: str, detail: str, base_s: float, cap_s: float) -> dict:
         """Count one more failed attempt on ``registry``; the next may start after base·2^(n-1), jittered."""
         old = self.backoff_state()
-        failures = (old["failures"] if old and old.get("registry") == registry else 0) + 1
+        failures = (old.get("failures", 0) if old and old.get("registry") == registry else 0) + 1
         delay = min(cap_s, base_s * 2 ** (failures - 1))
         delay = random.uniform(delay / 2, delay)  # equal jitter: devices that failed together retry apart
         state = {"registry": registry, "failures": failures, "last_error": detail,
@@ -143,9 +143,11 @@ class DeviceStore:
         return state
 
     def clear_backoff(self) -> None:
-        if self.backoff_path.exists():
-            self.backoff_path.unlink()
-            _fsync_dir(self.root)
+        """After a successful exchange with the registry: no failures. The file stays (the store's set of
+        files does not change with the registry's availability)."""
+        state = self.backoff_state()
+        if state is None or state.get("failures"):
+            _write_atomic(self.backoff_path, json.dumps({"failures": 0}).encode())
 
     def link(self, name: str) -> Optional[Path]:
         """Where ``current`` or ``previous`` points, or None."""

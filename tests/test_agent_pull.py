@@ -157,11 +157,12 @@ def test_registry_down_keeps_current_and_backs_off(mlflow_server, keys, tmp_path
     with pytest.raises(CheckFailed, match=r"^backoff: registry .* unavailable on the last 1 attempt"):
         pull_v(name, 2, down, root, keys[1])
     assert time.monotonic() - start < 0.3
-    # the CLI says the same, exit code 3 (try later), current unchanged
+    # the CLI says the same in one line, exit code 2, current unchanged
     r = run_cli("sim2edge-agent", "pull", f"{name}@2", "--registry", down, "--root", str(root),
                 "--trust", str(keys[1]), "--skip-target-check", "--ignore-backoff", "--attempts", "2",
                 "--retry-base", "0.01")
-    assert r.returncode == 3 and "is unreachable" in r.stderr and "current policy unchanged" in r.stderr, r.stderr
+    assert r.returncode == 2 and "is unreachable" in r.stderr and "current policy unchanged" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
     state = DeviceStore(root).backoff_state()
     assert state["failures"] == 2 and 30 <= state["next_attempt"] - state["last_attempt"] <= 60  # CLI base 30 s, doubled
     assert current_version(root) == "1"
@@ -169,14 +170,15 @@ def test_registry_down_keeps_current_and_backs_off(mlflow_server, keys, tmp_path
     assert events == ["activate", "unavailable", "unavailable"]
     # back online: a pull succeeds and clears the backoff
     assert pull_v(name, 2, mlflow_server, root, keys[1]).changed
-    assert DeviceStore(root).backoff_state() is None and current_version(root) == "2"
+    assert DeviceStore(root).backoff_state() == {"failures": 0} and current_version(root) == "2"
 
 
 # -- the server's basic-auth app -------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def auth_server(tmp_path_factory):
-    """``mlflow server --app-name basic-auth`` on loopback; yields (url, admin user, admin password)."""
+@pytest.fixture(scope="session", autouse=True)
+def _auth_server_process(tmp_path_factory):
+    """Start ``mlflow server --app-name basic-auth`` first (autouse, session scope), so that it boots while
+    the shared MLflow server boots; ``auth_server`` waits for it. Yields (process, url, password, log)."""
     d = tmp_path_factory.mktemp("mlflow-auth")
     password = "S2e-" + uuid.uuid4().hex
     ini = d / "auth.ini"
@@ -188,26 +190,33 @@ def auth_server(tmp_path_factory):
     env = dict(os.environ, MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_FLASK_SERVER_SECRET_KEY=uuid.uuid4().hex)
     for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_AUTH_ADMIN_PASSWORD"):
         env.pop(k, None)
-    log = open(d / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
-                             "--backend-store-uri", f"sqlite:///{d}/mlflow.db", "--artifacts-destination", str(d / "art"),
-                             "--serve-artifacts", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    log = d / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
+                                 "--backend-store-uri", f"sqlite:///{d}/mlflow.db", "--artifacts-destination",
+                                 str(d / "art"), "--serve-artifacts", "--host", "127.0.0.1", "--port", str(port),
+                                 "--workers", "1"], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    yield proc, f"http://127.0.0.1:{port}", password, log
+    os.killpg(proc.pid, 9)
+    proc.wait()
+
+
+@pytest.fixture()
+def auth_server(_auth_server_process):
+    """The basic-auth server once healthy: (url, admin user, admin password)."""
     import urllib.request
+
+    proc, url, password, log = _auth_server_process
     deadline = time.monotonic() + 120
     while True:
         try:
             urllib.request.urlopen(url + "/health", timeout=2).read()
-            break
+            return url, "admin", password
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"basic-auth MLflow server did not start: {(d / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-    yield url, "admin", password
-    os.killpg(proc.pid, 9)
-    proc.wait()
+                pytest.fail(f"basic-auth MLflow server did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.3)
 
 
 def test_pull_from_basic_auth_server_never_shows_the_password(auth_server, keys, tmp_path, monkeypatch):
@@ -241,3 +250,20 @@ def test_pull_from_basic_auth_server_never_shows_the_password(auth_server, keys,
         assert json.loads(history.stdout.splitlines()[-1])["resumed_from"] > 0
     finally:
         proxy.close()
+
+
+def test_refusals_and_outages_change_no_file_of_the_store(mlflow_server, keys, tmp_path):
+    """Only the journal's and the backoff file's contents change: no file appears or goes, current stays."""
+    name = new_policy(mlflow_server, tmp_path, keys[0])
+    root = tmp_path / "store"
+    pull_v(name, 1, mlflow_server, root, keys[1])
+
+    def snapshot():
+        return sorted(str(p.relative_to(root)) for p in root.rglob("*")), os.readlink(root / "current")
+
+    before = snapshot()
+    with pytest.raises(CheckFailed, match="alias nope not found"):
+        pull_v(name, "nope", mlflow_server, root, keys[1])
+    with pytest.raises(RegistryUnavailable, match="unreachable"):
+        pull_v(name, 1, f"http://127.0.0.1:{free_port()}", root, keys[1])
+    assert snapshot() == before
