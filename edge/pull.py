@@ -18,16 +18,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
-
-import numpy as np
+from typing import TYPE_CHECKING, Iterable, Optional
 
 from edge import bundle, crash
 from edge.errors import CheckFailed
 from edge.registry_client import BundleRef, DownloadStats, RegistryClient, RegistryUnavailable, TransferOptions
-from edge.smoke import SmokeResult, smoke_test
 from edge.store import DeviceStore
 from edge.targets import check_compatible, detect_device, load_target
+
+if TYPE_CHECKING:  # numpy, ONNX Runtime and the smoke test load only when a bundle is installed
+    from edge.smoke import SmokeResult
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class PullResult:
     version: str
     path: Path
     changed: bool
-    smoke: Optional[SmokeResult]
+    smoke: Optional["SmokeResult"]
     download: Optional[DownloadStats] = None
 
 
@@ -59,6 +59,8 @@ def check_fresh(active: Optional[dict], policy: str, version: str) -> None:
 
 def health_check(store: DeviceStore, expected: Path, manifest: dict) -> None:
     """After the switch: ``current`` resolves to ``expected`` and serves the golden outputs through it."""
+    import numpy as np
+
     from edge.runtime import OnnxRuntime
 
     current = store.link("current")
@@ -90,6 +92,8 @@ def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Pa
             if not target.is_dir():
                 raise CheckFailed("rollback", f"{current.parent.name} v{version} is not installed "
                                               f"(installed: {', '.join(store.installed(current.parent.name))})")
+        from edge.smoke import smoke_test
+
         manifest = bundle.verify_dir(target, trusted)
         smoke_test(target, manifest)
         store.activate(target)
@@ -166,6 +170,8 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, ref: str, target_re
             raise CheckFailed("manifest", f"bundle is {manifest['policy']['name']} v{manifest['policy']['version']}, "
                                           f"registry said {target_ref.policy} v{target_ref.version}")
         crash.point("verified")
+        from edge.smoke import smoke_test
+
         if not skip_target_check:
             check_compatible(load_target(manifest["target"]["name"]), detect_device())
         smoke = smoke_test(candidate, manifest)
