@@ -152,3 +152,13 @@ def test_kill_of_the_console_script(setup, mlflow_server, capsys, step):
                 "--trust", str(pub), "--skip-target-check", env={crash.ENV: step})
     assert r.returncode == -9, r.stderr
     assert check_after_kill(root, pub, name, mlflow_server, capsys) == ACTIVE_AFTER[step]
+
+
+def test_a_journal_line_torn_by_a_kill_is_skipped_and_not_glued_to_the_next(tmp_path):
+    store = DeviceStore(tmp_path)
+    store.record("activate", policy="p", version="1")
+    with open(store.journal_path, "a") as f:
+        f.write('{"event": "activ')  # what a writer killed mid-line leaves
+    store.record("rollback", policy="p", version="1")
+    assert [e["event"] for e in store.history()] == ["activate", "rollback"]
+    assert store.journal_path.read_text().splitlines()[1] == '{"event": "activ'
