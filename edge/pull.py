@@ -72,7 +72,8 @@ def health_check(store: DeviceStore, expected: Path, manifest: dict) -> None:
     runtime = OnnxRuntime(current / "policy.onnx", manifest["runtime"]["onnxruntime_providers"])
     out = runtime.run(golden["inputs"][:1].astype(np.float32))
     tol = manifest["parity_tolerance"]["fp32"]
-    if not np.allclose(out, golden["outputs"][:1], atol=tol["atol"], rtol=tol["rtol"]):
+    err = float(np.max(np.abs(out - golden["outputs"][:1])))
+    if not err <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(golden["outputs"]))):  # the smoke test's rule
         raise CheckFailed("health", f"{current}/policy.onnx no longer reproduces its golden output")
 
 
