@@ -87,7 +87,8 @@ def test_watch_activates_a_new_champion(mlflow_server, tmp_path):
     publish(mlflow_server, tmp_path / "1.tar", name, "champion")
     root = tmp_path / "store"
     proc = subprocess.Popen([AGENT, "watch", f"{name}@champion", "--registry", mlflow_server, "--root", str(root),
-                             "--trust", str(pub), "--skip-target-check", "--interval", "0.3", "--iterations", "100"],
+                             "--trust", str(pub), "--skip-target-check", "--interval", "0.3", "--iterations", "100",
+                             "--backoff", "1"],  # a poll that meets a busy server (SQLite locked) waits ~1 s, not 30
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def active(deadline_s: float):
@@ -106,4 +107,5 @@ def test_watch_activates_a_new_champion(mlflow_server, tmp_path):
         proc.kill()
         out, err = proc.communicate()
     assert f"activated {name} v1" in out and f"activated {name} v2" in out
-    assert [e["event"] for e in DeviceStore(root).history()] == ["activate", "activate"]
+    events = DeviceStore(root).history()
+    assert [(e["event"], e["version"]) for e in events if e["event"] != "unavailable"] == [("activate", "1"), ("activate", "2")]
