@@ -146,6 +146,77 @@ def calibrate(
 
 
 @app.command()
+def evaluate(
+    policy: Optional[str] = typer.Argument(None, help="A registered version: NAME@ALIAS or NAME@VERSION."),
+    bundle: Optional[Path] = typer.Option(None, help="A bundle file instead (its signature is checked)."),
+    trust: Optional[Path] = typer.Option(None, help="Public key for --bundle (default: the workspace's)."),
+    twin: Optional[Path] = typer.Option(None, help="twin.json (default: the version's own twin; nominal for a bundle)."),
+    suite: Optional[Path] = typer.Option(None, help="Scenario suite file (default: the task's)."),
+    episodes: Optional[int] = typer.Option(None, help="Episodes per scenario (default: the suite's)."),
+    seed: int = typer.Option(1000),
+    video: bool = typer.Option(True, help="Render the nominal and worst episodes into the report."),
+) -> None:
+    """Run the scenario suite on a registered version or a bundle; log the report to MLflow and print the gate."""
+    import tempfile
+
+    from edge import bundle as bundle_format, signing
+    from registry import lineage
+    from registry.tracking import stage_run
+    from stages.artifacts import ExportedPolicy
+    from stages.twin.calibrate import twin_from_file
+    from stages.twin.evaluate import EvalConfig, evaluate as run_suite
+    from stages.twin.gate import GateConfig
+
+    ws = Workspace.from_env()
+    work = Path(tempfile.mkdtemp(prefix="evaluate-", dir=ws.home))
+    if (policy is None) == (bundle is None):
+        _fail("give NAME@ALIAS|NAME@VERSION or --bundle FILE (one of them)")
+    if bundle is not None:
+        try:
+            bundle_format.extract(bundle, work / "bundle", 1 << 30)
+            manifest = bundle_format.verify_dir(work / "bundle", signing.load_trusted([trust or ws.keys_dir / "signing.pub"]))
+        except Exception as e:  # the agent's own refusal names the check
+            _fail(f"--bundle {bundle}: {e}")
+        onnx, task, label = work / "bundle" / "policy.onnx", manifest["policy"]["task"], f"bundle {bundle.name}"
+    else:
+        from mlflow.tracking import MlflowClient
+
+        name, _, ref = policy.partition("@")
+        client = MlflowClient(ws.tracking_uri())
+        try:
+            version = client.get_model_version(name, ref) if ref.isdigit() else client.get_model_version_by_alias(name, ref)
+        except Exception as e:
+            _fail(f"{policy}: no such registered version ({e})")
+        onnx = lineage.stage_artifact(client, version, "export", "onnx/policy.onnx", work / "onnx")
+        twin = twin or lineage.stage_artifact(client, version, "calibrate", "twin/twin.json", work / "twin")
+        task, label = name, f"{name} v{version.version}"
+    spec = twin_from_file(twin, task)
+    exported = ExportedPolicy(path=onnx, digest=bundle_format.sha256_path(onnx), task=task, opset=0,
+                              parity_max_abs_error=0.0, golden=onnx)
+    cfg = EvalConfig(episodes=episodes, seed=seed, suite=suite, video=video)
+    try:
+        cfg.load_suite(task)
+    except ValueError as e:
+        _fail(str(e))
+    with stage_run(_standalone(ws, task), "evaluate", {**cfg.model_dump(), "policy": label}) as run:
+        report = run_suite(cfg, GateConfig(), exported, spec, ws.home / "evaluations" / run.run_id)
+        run.artifact(report.path.parent, "evaluation")
+        run.tags({"sim2edge.gate": "pass" if report.passed else "fail", "sim2edge.evaluated": label})
+    table = Table("scenario", "success", "≥ (95%)", "mean return", title=f"{label} in the {'twin' if twin else 'nominal model'}")
+    for r in report.scenarios:
+        table.add_row(r.name, f"{r.success_rate:.2f}", f"{r.success_low:.2f}", f"{r.mean_return:.1f}")
+    console.print(table)
+    for reason in report.reasons:
+        console.print(reason, markup=False, highlight=False)
+    console.print(f"{'PASSED' if report.passed else 'FAILED'}; report {report.html}", soft_wrap=True, markup=False)
+
+
+def _fail(message: str) -> None:
+    console.print(Text.assemble(("error", "red"), f": {message}"), soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command()
 def up(
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
     prefect_port: int = typer.Option(4200),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import os
 
 import numpy as np
@@ -161,3 +162,23 @@ def test_newer_version_then_refused_downgrade_then_rollback(pipeline, client, ml
     assert events == ["activate", "activate", "refused", "rollback"]
     gc = run_cli("sim2edge-agent", "gc", "--root", str(root), "--keep", "0")
     assert gc.returncode == 0 and "removed: nothing" in gc.stdout  # both are pinned as current/previous
+
+
+def test_evaluate_command_on_a_registered_version_and_on_a_bundle(pipeline, client, workspace, tmp_path):
+    r = run_cli("sim2edge", "evaluate", f"cartpole@{pipeline.version}", "--episodes", "8", "--no-video")
+    assert r.returncode == 0, r.stderr
+    assert f"cartpole v{pipeline.version}" in r.stdout and "pushes" in r.stdout and "report" in r.stdout
+    run = client.search_runs([client.get_experiment_by_name("sim2edge/cartpole").experiment_id],
+                             f"tags.`sim2edge.evaluated` = 'cartpole v{pipeline.version}'")[0]
+    assert {a.path for a in client.list_artifacts(run.info.run_id, "evaluation")} >= {"evaluation/report.html",
+                                                                                       "evaluation/report.json"}
+    mv = client.get_model_version("cartpole", pipeline.version)
+    tar = Path(client.download_artifacts(mv.run_id, "bundle/bundle.tar", str(tmp_path)))
+    ok = run_cli("sim2edge", "evaluate", "--bundle", str(tar), "--episodes", "4", "--no-video")
+    assert ok.returncode == 0 and "nominal model" in ok.stdout, ok.stderr
+    tampered = tmp_path / "tampered.tar"
+    data = bytearray(tar.read_bytes())
+    data[len(data) // 2] ^= 1
+    tampered.write_bytes(bytes(data))
+    bad = run_cli("sim2edge", "evaluate", "--bundle", str(tampered), "--episodes", "4")
+    assert bad.returncode == 2 and "tampered.tar" in bad.stdout

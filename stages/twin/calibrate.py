@@ -251,3 +251,18 @@ def plot_replay(task: Task, replayer: Replayer, prior: PhysicalParams, fitted: P
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+def twin_from_file(path: Path | None, task: str) -> TwinSpec:
+    """A TwinSpec read back from its ``twin.json`` (None: the task's nominal model, uncalibrated)."""
+    if path is None:
+        nominal = load(task).nominal_params()
+        return TwinSpec(path=Path("nominal"), digest="nominal", task=task, params=nominal, uncertainty={},
+                        dataset_digest="", replay_error_before=0.0, replay_error_after=0.0)
+    spec = json.loads(Path(path).read_text())
+    truth = spec.get("standin_truth")
+    return TwinSpec(path=Path(path), digest=spec["digest"], task=task, params=PhysicalParams(**spec["params"]),
+                    uncertainty=spec.get("uncertainty", {}), unidentified=tuple(spec.get("unidentified", ())),
+                    dataset_digest=spec.get("dataset_digest", ""),
+                    standin_truth=PhysicalParams(**{k: v for k, v in truth.items() if k != "label"}) if truth else None,
+                    replay_error_before=spec["replay_error_before"], replay_error_after=spec["replay_error_after"])
