@@ -13,30 +13,18 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
 from edge.runtime import OnnxRuntime
 from stages.sim.params import PhysicalParams
 from stages.twin.evaluate import EvalConfig, run_shard, shard_jobs
+from tests.bundles import linear_onnx
 
 EPISODES = 1000
 
 
-def linear_onnx(path: Path, obs: int, act: int) -> Path:
-    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.3, (obs, act)).astype(np.float32), "W")
-    lo, hi = (numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((-1.0, "lo"), (1.0, "hi")))
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["obs", "W"], ["y"]), helper.make_node("Clip", ["y", "lo", "hi"], ["action"])],
-        "bench", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", obs])],
-        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", act])], [w, lo, hi])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    path.write_bytes(model.SerializeToString())
-    return path
-
-
 def main() -> None:
-    onnx = linear_onnx(Path(tempfile.mkdtemp()) / "p.onnx", 10, 2)
+    onnx = Path(tempfile.mkdtemp()) / "p.onnx"
+    onnx.write_bytes(linear_onnx(np.random.default_rng(0).normal(0, 0.3, (10, 2))))
     cfg = EvalConfig(video=False)
     suite = cfg.load_suite("reacher")
     suite = suite.model_copy(update={"episodes": EPISODES // len(suite.scenarios)})

@@ -18,7 +18,6 @@ Credentials: ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (basic au
 from __future__ import annotations
 
 import base64
-import hashlib
 import http.client
 import json
 import os
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
+from edge.bundle import sha256_path
 from edge.errors import CheckFailed
 
 TAG_PATH, TAG_SHA256, TAG_SIZE = "sim2edge.bundle.path", "sim2edge.bundle.sha256", "sim2edge.bundle.size"
@@ -280,15 +280,8 @@ class RegistryClient:
                 raise CheckFailed("size", f"download of {ref.path} stayed truncated after {self.options.attempts} "
                                           f"attempts ({e.detail})") from None
             raise
-        if sha256_file(part) != ref.sha256:
+        if sha256_path(part) != ref.sha256:
             part.unlink()
             raise CheckFailed("hash", f"downloaded bundle {ref.path} sha256 does not match the registry's {ref.sha256[:12]}…")
         return stats
 
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

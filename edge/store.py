@@ -32,7 +32,7 @@ from edge import crash
 from edge.errors import CheckFailed
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     fd = os.open(str(path), os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -53,7 +53,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(str(tmp), str(path))
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class DeviceStore:
@@ -163,10 +163,10 @@ class DeviceStore:
         final.parent.mkdir(parents=True, exist_ok=True)
         for f in staged.rglob("*"):
             f.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH | (stat.S_IXUSR if f.is_dir() else 0))
-        _fsync_dir(staged)
+        fsync_dir(staged)
         crash.point("install-chmod")
         os.replace(str(staged), str(final))
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         crash.point("installed")
         return final
 
@@ -185,7 +185,7 @@ class DeviceStore:
                 self._switch(name, target)
             elif (self.root / name).is_symlink():
                 (self.root / name).unlink()
-                _fsync_dir(self.root)
+                fsync_dir(self.root)
 
     def _switch(self, name: str, target: Path, crash_step: str = "") -> None:
         tmp = self.root / f".{name}.{os.getpid()}.tmp"
@@ -195,7 +195,7 @@ class DeviceStore:
         if crash_step:
             crash.point(crash_step)
         os.replace(str(tmp), str(self.root / name))
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def record(self, event: str, **fields: object) -> None:
         """Append one event to the journal (fsynced)."""

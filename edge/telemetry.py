@@ -33,18 +33,11 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from edge.store import fsync_dir
 from edge.registry_client import RegistryClient, RegistryError, TransferOptions
 
 EXPERIMENT = "sim2edge/telemetry"
 SCHEMA_VERSION = 1
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Recorder:
@@ -105,7 +98,7 @@ class Recorder:
             f.flush()
             os.fsync(f.fileno())
         os.replace(str(tmp), str(self.dir / name))
-        _fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self.files_written += 1
         return self.dir / name
 

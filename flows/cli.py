@@ -122,12 +122,9 @@ def calibrate(
     try:
         ds = store.latest() if dataset == "latest" else store.version(dataset)
     except KeyError as e:
-        console.print(Text.assemble(("error", "red"), f": --dataset: {str(e).strip(chr(34))}"), soft_wrap=True)
-        raise typer.Exit(2)
+        _fail(f"--dataset: {str(e).strip(chr(34))}")
     if ds is None:
-        console.print(Text.assemble(("error", "red"), f": no dataset for {task!r} in {store.root}; run `sim2edge collect` first"),
-                      soft_wrap=True)
-        raise typer.Exit(2)
+        _fail(f"no dataset for {task!r} in {store.root}; run `sim2edge collect` first")
     cfg = CalibrateConfig(generations=generations, max_latency=max_latency, seed=seed)
     twin = calibrate_step(_standalone(ws, task), cfg, ds, ws.home / "twins" / store.task.name / f"v{ds.version:04d}")
     spec = json.loads(twin.path.read_text())

@@ -15,13 +15,19 @@ from edge import bundle, signing
 
 
 def tiny_onnx(weight: float = 0.5) -> bytes:
-    """action = clip(obs @ W, -1, 1): (B, 5) → (B, 1)."""
-    w = numpy_helper.from_array(np.full((5, 1), weight, np.float32), "W")
+    """action = clip(obs @ W, -1, 1) with every weight ``weight``: (B, 5) → (B, 1)."""
+    return linear_onnx(np.full((5, 1), weight, np.float32))
+
+
+def linear_onnx(weights: np.ndarray) -> bytes:
+    """action = clip(obs @ W, -1, 1): (B, obs) → (B, act) for W of shape (obs, act)."""
+    n_obs, n_act = weights.shape
+    w = numpy_helper.from_array(np.asarray(weights, np.float32), "W")
     lo, hi = (numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((-1.0, "lo"), (1.0, "hi")))
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["obs", "W"], ["y"]), helper.make_node("Clip", ["y", "lo", "hi"], ["action"])],
-        "tiny", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 5])],
-        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 1])], [w, lo, hi])
+        "tiny", [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", n_obs])],
+        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", n_act])], [w, lo, hi])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
@@ -194,3 +200,17 @@ class FaultProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def active_store(tmp_path: Path, period_s: float = 0.02) -> Path:
+    """A device store whose active policy is the tiny bundle with an I/O contract (limits [-0.5, 0.8], default 0.1)."""
+    from edge.store import DeviceStore
+
+    priv, pub = make_keys(tmp_path)
+    make_bundle(tmp_path / "b.tar", priv, io=TINY_IO, period_s=period_s)
+    store = DeviceStore(tmp_path / "store")
+    staged = store.staging_dir()
+    bundle.extract(tmp_path / "b.tar", staged, 1 << 24)
+    bundle.verify_dir(staged, signing.load_trusted([pub]))
+    store.activate(store.install(staged, "tiny", "1"))
+    return store.root

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from edge.control import SAFE_DEFAULT
-from tests.test_agent_run import Client, store_with
+from tests.bundles import active_store
+from tests.test_agent_run import Client
 from tests.test_edge_pythons import edge_venv
 
 
@@ -18,7 +19,7 @@ from tests.test_edge_pythons import edge_venv
 def test_run_loop_and_bench_on_python38(tmp_path):
     venv = edge_venv("3.8")
     agent = str(venv / "bin" / "sim2edge-agent")
-    root = store_with(tmp_path, period_s=0.01)
+    root = active_store(tmp_path, period_s=0.01)
     proc = subprocess.Popen([agent, "run", "--root", str(root), "--listen", "udp://127.0.0.1:0", "--telemetry"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     line = proc.stdout.readline()

@@ -7,7 +7,6 @@ wire format documented in edge/control.py.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -18,25 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge import bundle, signing
 from edge.control import SAFE_DEFAULT, STATS_MAGIC, WATCHDOG, decode_action, encode_observation
-from edge.store import DeviceStore
-from tests.bundles import TINY_IO, make_bundle, make_keys
+from tests.bundles import active_store
 from tests.conftest import run_cli
 
 AGENT = str(Path(sys.executable).parent / "sim2edge-agent")
-
-
-def store_with(tmp_path: Path, period_s: float) -> Path:
-    """A device store whose active policy is the tiny bundle with an I/O contract (limits [-0.5, 0.8], default 0.1)."""
-    priv, pub = make_keys(tmp_path)
-    make_bundle(tmp_path / "b.tar", priv, io=TINY_IO, period_s=period_s)
-    store = DeviceStore(tmp_path / "store")
-    staged = store.staging_dir()
-    bundle.extract(tmp_path / "b.tar", staged, 1 << 24)
-    bundle.verify_dir(staged, signing.load_trusted([pub]))
-    store.activate(store.install(staged, "tiny", "1"))
-    return store.root
 
 
 def start(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
@@ -73,7 +58,7 @@ class Client:
 
 
 def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
-    root = store_with(tmp_path, period_s=0.01)
+    root = active_store(tmp_path, period_s=0.01)
     proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--watchdog-periods", "10")
     try:
         client = Client(address, tmp_path)
@@ -111,7 +96,7 @@ def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
 
 
 def test_run_loop_over_unix_socket_and_silence_stop(tmp_path):
-    root = store_with(tmp_path, period_s=0.005)
+    root = active_store(tmp_path, period_s=0.005)
     sock_path = tmp_path / "agent.sock"
     proc, address = start(root, "--listen", f"unix://{sock_path}", "--watchdog-periods", "2",
                           "--stop-after-silence", "0.1", "--stats", str(tmp_path / "stats.json"))
@@ -128,7 +113,7 @@ def test_run_loop_over_unix_socket_and_silence_stop(tmp_path):
 
 def test_deadline_misses_are_counted(tmp_path):
     """A 50 µs period cannot be kept by a Python loop: the misses must show in the statistics."""
-    root = store_with(tmp_path, period_s=5e-5)
+    root = active_store(tmp_path, period_s=5e-5)
     proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--duration", "0.5")
     client = Client(address, tmp_path)
     for i in range(200):
@@ -140,7 +125,7 @@ def test_deadline_misses_are_counted(tmp_path):
 
 
 def test_bench_reports_act_against_bare_run(tmp_path):
-    root = store_with(tmp_path, period_s=0.02)
+    root = active_store(tmp_path, period_s=0.02)
     r = run_cli("sim2edge-agent", "bench", "--root", str(root), "--iterations", "3000", "--json")
     assert r.returncode == 0, r.stderr
     b = json.loads(r.stdout)
@@ -155,7 +140,7 @@ def test_large_finite_observation_is_not_mistaken_for_nan(tmp_path):
     """act()'s fast finiteness test (a dot product) overflows on huge values; the exact test must clear them."""
     from edge.policy import Policy
 
-    policy = Policy.load(store_with(tmp_path, period_s=0.02))
+    policy = Policy.load(active_store(tmp_path, period_s=0.02))
     assert policy.act(np.full(5, 1e20, np.float32)) == pytest.approx([0.8])
     assert policy.act(np.full(5, -3e38, np.float32)) == pytest.approx([-0.5])
     assert policy.unsafe_count == 0

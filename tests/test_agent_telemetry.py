@@ -18,13 +18,14 @@ from edge import telemetry
 from edge.store import DeviceStore
 from tests.bundles import make_bundle, make_keys, publish
 from tests.conftest import run_cli
-from tests.test_agent_run import Client, start, store_with
+from tests.bundles import active_store
+from tests.test_agent_run import Client, start
 
 AGENT = str(Path(sys.executable).parent / "sim2edge-agent")
 
 
 def test_run_records_telemetry_and_upload_resumes_and_deletes_only_after_confirmation(mlflow_server, tmp_path):
-    root = store_with(tmp_path, period_s=0.005)
+    root = active_store(tmp_path, period_s=0.005)
     proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--telemetry", "--telemetry-rows", "10",
                           "--device-id", "dev-1")
     client = Client(address, tmp_path)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from stages import standin
 from stages.artifacts import ExportedPolicy, TwinSpec
@@ -18,6 +17,7 @@ from stages.sim.registry import load
 from stages.twin.evaluate import EvalConfig, evaluate
 from stages.twin.gate import GateConfig
 from stages.twin.suite import load_suite
+from tests.bundles import linear_onnx
 
 BALANCER = (1.0, 0.0, 10.0, 1.0, 1.5)
 """A linear state-feedback cartpole controller (action = K · obs) that balances in every scenario."""
@@ -25,16 +25,8 @@ BALANCER = (1.0, 0.0, 10.0, 1.0, 1.5)
 
 def linear_policy(tmp_path: Path, k, name: str) -> ExportedPolicy:
     """An exported policy whose graph is ``clip(obs @ K, -1, 1)``: a real ONNX file run by ONNX Runtime."""
-    w = numpy_helper.from_array(np.asarray(k, np.float32).reshape(5, 1), "W")
-    lo, hi = (numpy_helper.from_array(np.array(v, np.float32), n) for v, n in ((-1.0, "lo"), (1.0, "hi")))
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["obs", "W"], ["y"]), helper.make_node("Clip", ["y", "lo", "hi"], ["action"])],
-        name, [helper.make_tensor_value_info("obs", TensorProto.FLOAT, ["batch", 5])],
-        [helper.make_tensor_value_info("action", TensorProto.FLOAT, ["batch", 1])], [w, lo, hi])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
     path = tmp_path / f"{name}.onnx"
-    path.write_bytes(model.SerializeToString())
+    path.write_bytes(linear_onnx(np.asarray(k, np.float32).reshape(5, 1)))
     return ExportedPolicy(path=path, digest=name * 4, task="cartpole", opset=17, parity_max_abs_error=0.0, golden=path)
 
 

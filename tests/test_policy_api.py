@@ -5,27 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge import bundle, signing
 from edge.policy import Policy
-from edge.store import DeviceStore
-from tests.bundles import golden, make_keys, manifest, tiny_onnx
+from tests.bundles import active_store
 
 
 @pytest.fixture()
 def root(tmp_path):
-    priv, pub = make_keys(tmp_path)
-    m = dict(manifest(), io={
-        "input": {"terms": [{"name": n, "unit": "1"} for n in "abcde"]},
-        "output": {"terms": [{"name": "u", "unit": "N"}], "low": [-0.5], "high": [0.8], "default": [0.1]},
-    })
-    bundle.write_bundle(tmp_path / "b.tar", {"policy.onnx": tiny_onnx(), "golden.npz": golden()}, m,
-                        signing.load_private(priv).sign)
-    store = DeviceStore(tmp_path / "store")
-    staged = store.staging_dir()
-    bundle.extract(tmp_path / "b.tar", staged, 1 << 24)
-    bundle.verify_dir(staged, signing.load_trusted([pub]))
-    store.activate(store.install(staged, "tiny", "1"))
-    return store.root
+    return active_store(tmp_path)
 
 
 def test_act_clamps_to_manifest_limits(root):

@@ -24,7 +24,7 @@ from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.twin import report as html_report
 from stages.twin.episodes import Episodes, run_episodes
-from stages.twin.gate import Check, GateConfig, floor_checks, suite_checks
+from stages.twin.gate import GateConfig, floor_checks, suite_checks
 from stages.twin.stats import bootstrap_mean, wilson
 from stages.twin.suite import NOMINAL, Scenario, Suite, load_suite, suite_path
 
@@ -197,11 +197,12 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
         scenarios.append(row)
     paired = bootstrap_mean(np.concatenate(diffs), seed=cfg.seed) if diffs else None
     latency = np.concatenate([s.latency_ms for s in shards])
+    latency_p50, latency_p99 = (float(v) for v in np.percentile(latency, [50, 99]))
     steps = sum(r["steps"] for r in scenarios)
     checks += suite_checks(gate, sum(r["nan_actions"] for r in scenarios),
                            sum(r["joint_limit_fraction"] * r["steps"] for r in scenarios) / steps,
                            sum(r["saturation_fraction"] * r["steps"] for r in scenarios) / steps,
-                           float(np.percentile(latency, 99)), period, paired[0] if paired else None)
+                           latency_p99, period, paired[0] if paired else None)
     reference = twin.standin_truth
     check = sim_to_real(policy.path, policy.task, twin.params, reference, suite, cfg.seed) if reference else None
     passed, reasons = all(c.passed for c in checks), tuple(c.reason() for c in checks)
@@ -209,7 +210,7 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
     report = {
         "task": policy.task, "twin_digest": twin.digest, "policy_digest": policy.digest, "seed": cfg.seed,
         "suite": suite.model_dump(mode="json"), "control_period_s": period,
-        "latency_ms_p50": float(np.percentile(latency, 50)), "latency_ms_p99": float(np.percentile(latency, 99)),
+        "latency_ms_p50": latency_p50, "latency_ms_p99": latency_p99,
         "scenarios": scenarios,
         "champion": None if champion is None else {"version": champion.version, "paired_difference_ci95": list(paired)},
         "sim_to_real": check, "gate": gate.model_dump(), "checks": [c.model_dump() for c in checks],
