@@ -57,8 +57,10 @@ def check_fresh(active: Optional[dict], policy: str, version: str) -> None:
                                        f"use `sim2edge-agent rollback` to go back on purpose")
 
 
-def health_check(store: DeviceStore, expected: Path, manifest: dict) -> None:
-    """After the switch: ``current`` resolves to ``expected`` and serves the golden outputs through it."""
+def health_check(store: DeviceStore, expected: Path, manifest: dict) -> str:
+    """After the switch: ``current`` resolves to ``expected`` and serves the golden outputs through it.
+
+    Returns the runtime that served them (``onnxruntime (CPUExecutionProvider)``)."""
     import numpy as np
 
     from edge.runtime import OnnxRuntime
@@ -75,6 +77,7 @@ def health_check(store: DeviceStore, expected: Path, manifest: dict) -> None:
     err = float(np.max(np.abs(out - golden["outputs"][:1])))
     if not err <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(golden["outputs"]))):  # the smoke test's rule
         raise CheckFailed("health", f"{current}/policy.onnx no longer reproduces its golden output")
+    return f"{runtime.name} ({', '.join(runtime.providers)})"
 
 
 def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Path:
@@ -134,7 +137,7 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
                                           f"({current if current else 'none active'}); next attempt in "
                                           f"{state['next_attempt'] - time.time():.1f} s") from None
         except CheckFailed as e:
-            if e.check != "backoff" and not isinstance(e, RegistryUnavailable):
+            if e.check not in ("backoff", "health") and not isinstance(e, RegistryUnavailable):  # health: journaled
                 store.record("refused", ref=ref, check=e.check, detail=e.detail)
             raise
         store.clear_backoff()
@@ -180,17 +183,22 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, ref: str, target_re
         final = installed if candidate == installed else store.install(candidate, target_ref.policy, target_ref.version)
         old, old_previous = store.link("current"), store.link("previous")
         store.activate(final)
+        crash.corrupt("switched", final)
         try:
-            health_check(store, final, manifest)
-        except (CheckFailed, OSError, ValueError) as e:
+            runtime = health_check(store, final, manifest)
+        except Exception as e:  # anything (ONNX Runtime raises its own exception types): switch back
             store.restore(old, old_previous)
+            if final != old_previous:
+                store.remove(final)  # failed after install: not trusted, a later pull downloads it again
+            detail = f"{type(e).__name__}: {e}" if not isinstance(e, CheckFailed) else str(e)
             store.record("health-rollback", policy=target_ref.policy, version=target_ref.version,
-                         detail=str(e), restored=str(old) if old else None)
-            raise CheckFailed("health", f"{target_ref.policy} v{target_ref.version} failed after activation ({e}); "
-                                        f"current restored to {old}") from None
+                         detail=detail, restored=str(old) if old else None)
+            raise CheckFailed("health", f"{target_ref.policy} v{target_ref.version} failed its health check after "
+                                        f"activation ({detail}); current restored to {old or 'none'}") from None
         crash.point("activated")
         store.record("activate", policy=target_ref.policy, version=target_ref.version, source=registry_url,
                      run_id=target_ref.run_id, bundle_sha256=target_ref.sha256, smoke_p99_s=smoke.latency_p99_s,
+                     runtime=runtime,
                      target_check=not skip_target_check,
                      download_attempts=stats.attempts if stats else 0,
                      resumed_from=stats.resumed_from if stats else 0)

@@ -227,6 +227,14 @@ class DeviceStore:
         base = self.root / "bundles" / policy
         return sorted((p.name for p in base.iterdir() if p.is_dir()), key=int) if base.is_dir() else []
 
+    def remove(self, bundle: Path) -> None:
+        """Delete an installed bundle directory (never one that ``current`` or ``previous`` names)."""
+        if bundle in (self.link("current"), self.link("previous")):
+            raise ValueError(f"{bundle} is in use; not removed")
+        _make_writable(bundle)
+        shutil.rmtree(str(bundle))
+        fsync_dir(bundle.parent)
+
     def gc(self, keep: int) -> list:
         """Delete all but the newest ``keep`` versions of each policy, never ``current`` or ``previous``."""
         pinned = {self.link("current"), self.link("previous")}
@@ -237,8 +245,7 @@ class DeviceStore:
                 path = policy_dir / version
                 if path in pinned:
                     continue
-                _make_writable(path)
-                shutil.rmtree(path)
+                self.remove(path)
                 removed.append(f"{policy_dir.name}/{version}")
         if removed:
             self.record("gc", removed=removed, keep=keep)
