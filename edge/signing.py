@@ -1,10 +1,14 @@
-"""Ed25519 keys and detached signatures (``cryptography``; no hand-written crypto)."""
+"""Ed25519 keys and detached signatures (``cryptography``; no hand-written crypto).
+
+The private key lives in one PEM file (0600) or in ``SIM2EDGE_SIGNING_KEY`` (a path, or the PEM
+itself for CI secrets). Nothing here prints, logs or returns the private key's bytes.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, List
+from typing import Iterable, List, Mapping, Optional
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -22,11 +26,34 @@ def generate_keypair(private_path: Path, public_path: Path) -> None:
     public_path.write_bytes(public_pem(key))
 
 
-def load_private(path: Path) -> Ed25519PrivateKey:
-    key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+ENV_KEY = "SIM2EDGE_SIGNING_KEY"
+
+
+def _private_from_pem(pem: bytes, where: str) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError) as e:  # the message names the source, never the key's bytes
+        raise ValueError(f"{where}: not a readable unencrypted PEM private key ({type(e).__name__})") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise ValueError(f"{path}: not an Ed25519 private key")
+        raise ValueError(f"{where}: not an Ed25519 private key")
     return key
+
+
+def load_private(path: Path) -> Ed25519PrivateKey:
+    return _private_from_pem(Path(path).read_bytes(), str(path))
+
+
+def signing_key(default_path: Path, environ: Optional[Mapping[str, str]] = None) -> Ed25519PrivateKey:
+    """The private key from ``SIM2EDGE_SIGNING_KEY`` (a PEM file's path, or PEM text) or else ``default_path``."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(ENV_KEY, "")
+    if value.lstrip().startswith("-----BEGIN"):
+        return _private_from_pem(value.encode(), f"${ENV_KEY} (PEM text)")
+    if value:
+        if not Path(value).is_file():
+            raise ValueError(f"${ENV_KEY}: no key file at {value}")
+        return load_private(Path(value))
+    return load_private(default_path)
 
 
 def public_pem(key: Ed25519PrivateKey) -> bytes:

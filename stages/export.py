@@ -66,28 +66,37 @@ def export(cfg: ExportConfig, checkpoint: Checkpoint, out_dir: Path) -> Exported
     actor = load_actor(checkpoint.path)
     module = DeployedActor(actor.as_onnx(verbose=False), task.action_scale, task.action_default).eval()
     normalizer = actor.obs_normalizer
-    mean, std = normalizer.mean.numpy(), normalizer.std.numpy()
+    return export_module(cfg, module, normalizer.mean.numpy(), normalizer.std.numpy(), checkpoint.task, out_dir)
+
+
+def export_module(cfg: ExportConfig, module: torch.nn.Module, mean: np.ndarray, std: np.ndarray, task: str,
+                  out_dir: Path) -> ExportedPolicy:
+    """Export ``module`` ((B, obs) → (B, act) in actuator units) and check it against torch on parity inputs
+    drawn around the observation statistics ``mean``/``std``."""
     rng = np.random.default_rng(cfg.seed)
     with atomic_dir(out_dir) as tmp:
         onnx_path = tmp / "policy.onnx"
         batch = torch.export.Dim("batch", min=1, max=65536)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(module, (torch.zeros(2, task.obs_dim),), str(onnx_path), opset_version=cfg.opset,
+            torch.onnx.export(module, (torch.zeros(2, len(mean)),), str(onnx_path), opset_version=cfg.opset,
                               input_names=[INPUT], output_names=[OUTPUT], dynamic_shapes=({0: batch},),
                               dynamo=True, external_data=False, verbose=False)
         onnx.checker.check_model(onnx.load(str(onnx_path)), full_check=True)
         x = parity_inputs(mean, std, cfg.parity_samples, rng)
         with torch.no_grad():
             expected = module(torch.from_numpy(x)).numpy()
-        got = OnnxRuntime(onnx_path).run(x)
-        err = np.abs(got - expected)
+        err = check_parity(cfg, "torch", expected, OnnxRuntime(onnx_path).run(x), x)
+        np.savez(tmp / "golden.npz", inputs=x[: cfg.golden_samples], outputs=expected[: cfg.golden_samples])
+    return ExportedPolicy(path=out_dir / "policy.onnx", digest=sha256_path(out_dir / "policy.onnx"), task=task,
+                          opset=cfg.opset, parity_max_abs_error=err, golden=out_dir / "golden.npz")
+
+
+def check_parity(cfg: ExportConfig, reference: str, expected: np.ndarray, got: np.ndarray, x: np.ndarray) -> float:
+    """Max |got - expected| elementwise within atol + rtol·|expected|; else ParityError with the worst input."""
+    err = np.abs(got - expected)
+    if not np.all(err <= cfg.atol + cfg.rtol * np.abs(expected)):
         worst = int(np.argmax(err.max(axis=1)))
-        bound = cfg.atol + cfg.rtol * np.abs(expected)
-        if not np.all(err <= bound):
-            raise ParityError(f"ONNX Runtime vs torch: max error {err.max():.3g} > tolerance "
-                              f"(atol {cfg.atol}, rtol {cfg.rtol}) at input {x[worst].tolist()}")
-        golden = x[: cfg.golden_samples]
-        np.savez(tmp / "golden.npz", inputs=golden, outputs=expected[: cfg.golden_samples])
-    return ExportedPolicy(path=out_dir / "policy.onnx", digest=sha256_path(out_dir / "policy.onnx"), task=checkpoint.task,
-                          opset=cfg.opset, parity_max_abs_error=float(err.max()), golden=out_dir / "golden.npz")
+        raise ParityError(f"ONNX Runtime vs {reference}: max error {err.max():.3g} > tolerance "
+                          f"(atol {cfg.atol}, rtol {cfg.rtol}) at input {x[worst].tolist()}")
+    return float(err.max())

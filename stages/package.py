@@ -1,15 +1,24 @@
-"""Package: a signed, Jetson-targeted bundle, written through ``edge.bundle`` (the device's reader)."""
+"""Package: a signed, Jetson-targeted bundle, written through ``edge.bundle`` (the device's reader).
+
+Before anything is written the ONNX graph is checked against the target's TensorRT parser
+(opset and every operator, :mod:`stages.onnx_support`); the bundle is deterministic (same inputs,
+same bytes) and signed with the workspace key or ``SIM2EDGE_SIGNING_KEY``.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge import bundle, signing
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from edge.targets import load_target
 from stages.artifacts import BundleArtifact, Checkpoint, Dataset, EvalReport, ExportedPolicy, TwinSpec
+from stages.io_spec import IOSpec
+from stages.onnx_support import check_onnx_support
 from stages.sim.registry import load
 
 
@@ -20,49 +29,52 @@ class PackageConfig(BaseModel):
     fp16_atol: float = Field(1e-2, gt=0, description="Device parity tolerance for FP16 TensorRT engines.")
 
 
-def signing_key(keys_dir: Path) -> Path:
-    """The workspace's private signing key, generated on first use (or ``SIM2EDGE_SIGNING_KEY``)."""
-    if os.environ.get("SIM2EDGE_SIGNING_KEY"):
-        return Path(os.environ["SIM2EDGE_SIGNING_KEY"])
+def workspace_key(keys_dir: Path) -> Ed25519PrivateKey:
+    """``SIM2EDGE_SIGNING_KEY`` when set, else the workspace's ``signing.key`` (generated on first use)."""
     private = keys_dir / "signing.key"
-    if not private.exists():
+    if not os.environ.get(signing.ENV_KEY) and not private.exists():
         signing.generate_keypair(private, keys_dir / "signing.pub")
-    return private
+    return signing.signing_key(private)
 
 
 def manifest_for(cfg: PackageConfig, policy_name: str, version: str, exported: ExportedPolicy, report: EvalReport,
                  checkpoint: Checkpoint, twin: TwinSpec, dataset: Dataset, provenance: dict) -> dict:
-    """The bundle manifest (DESIGN.md), without the file list that ``write_bundle`` adds."""
-    task = load(exported.task)
+    """The manifest of a policy trained here (DESIGN.md), without the file list that ``write_bundle`` adds."""
+    provenance = {**provenance, "checkpoint_sha256": checkpoint.digest, "dataset_digest": dataset.digest,
+                  "dataset_version": dataset.version, "twin_digest": twin.digest}
+    evaluation = {"success_rate": report.success_rate, "mean_return": report.mean_return,
+                  "episodes": report.episodes, "passed": report.passed, "twin": "calibrated twin"}
+    return build_manifest(cfg, policy_name, version, exported, IOSpec.from_task(load(exported.task)), provenance,
+                          evaluation)
+
+
+def build_manifest(cfg: PackageConfig, policy_name: str, version: str, exported: ExportedPolicy, spec: IOSpec,
+                   provenance: dict, evaluation: dict | None) -> dict:
+    """The manifest for any exported policy and its I/O spec; names and batch come from the ONNX graph."""
     target = load_target(cfg.target)
-    if exported.opset > target.max_opset:
-        raise ValueError(f"policy opset {exported.opset} exceeds {target.name}'s TensorRT {target.tensorrt} maximum {target.max_opset}")
-    low, high = task.model.actuator_ctrlrange.T
+    graph = onnx.load(str(exported.path), load_external_data=False).graph
+    if len(graph.input) != 1 or len(graph.output) != 1:
+        raise ValueError(f"{exported.path}: the device runtime needs one input and one output, "
+                         f"the graph has {len(graph.input)} and {len(graph.output)}")
+    dim0 = graph.input[0].type.tensor_type.shape.dim[0]
+    batch = dim0.dim_value if dim0.HasField("dim_value") else -1
     return {
-        "policy": {"name": policy_name, "version": version, "task": task.name},
-        "provenance": {**provenance, "checkpoint_sha256": checkpoint.digest, "onnx_sha256": exported.digest,
-                       "dataset_digest": dataset.digest, "dataset_version": dataset.version, "twin_digest": twin.digest},
+        "policy": {"name": policy_name, "version": version, "task": spec.task},
+        "provenance": {**provenance, "onnx_sha256": exported.digest},
         "target": {**target.to_dict(), "opset": exported.opset},
-        "io": {
-            "input": {"name": "obs", "shape": [-1, task.obs_dim], "dtype": "float32",
-                      "terms": [{"name": o.name, "unit": o.unit} for o in task.observations]},
-            "output": {"name": "action", "shape": [-1, task.act_dim], "dtype": "float32",
-                       "terms": [{"name": a.name, "unit": a.unit} for a in task.actions],
-                       "low": low.tolist(), "high": high.tolist(), "default": task.action_default.tolist(),
-                       "scale": task.action_scale.tolist()},
-        },
-        "control": {"period_s": task.ctrl_dt, "physics_dt_s": task.model.opt.timestep, "decimation": task.decimation},
+        "io": spec.manifest_io(graph.input[0].name, graph.output[0].name, batch),
+        "control": spec.manifest_control(),
         "runtime": {"preference": ["tensorrt", "onnxruntime"], "tensorrt_precision": "fp16",
                     "onnxruntime_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]},
         "parity_tolerance": {"fp32": {"atol": cfg.fp32_atol, "rtol": 1e-4}, "fp16": {"atol": cfg.fp16_atol, "rtol": 1e-2}},
-        "evaluation": {"success_rate": report.success_rate, "mean_return": report.mean_return,
-                       "episodes": report.episodes, "passed": report.passed, "twin": "calibrated twin"},
+        "evaluation": evaluation,
     }
 
 
 def package(cfg: PackageConfig, manifest: dict, exported: ExportedPolicy, keys_dir: Path, out: Path) -> BundleArtifact:
-    """Write the signed bundle ``out`` (one tar) atomically."""
-    key = signing.load_private(signing_key(keys_dir))
+    """Check the graph against the target's TensorRT, then write the signed bundle ``out`` (one tar) atomically."""
+    check_onnx_support(exported.path, load_target(cfg.target))
+    key = workspace_key(keys_dir)
     files = {"policy.onnx": exported.path.read_bytes(), "golden.npz": exported.golden.read_bytes()}
     digest = bundle.write_bundle(out, files, manifest, key.sign)
     return BundleArtifact(path=out, digest=digest, target=cfg.target, policy=manifest["policy"]["name"],
