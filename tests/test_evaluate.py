@@ -22,6 +22,10 @@ from tests.bundles import linear_onnx
 BALANCER = (1.0, 0.0, 10.0, 1.0, 1.5)
 """A linear state-feedback cartpole controller (action = K · obs) that balances in every scenario."""
 
+LATENCY_FRAGILE = (1.0, 0.0, 20.0, 1.0, 0.4)
+"""Stiff on the pole angle, barely damped: it balances with no delay, and one control step of latency
+(20 ms) costs the phase margin it lacks, so the pole oscillates ever wider and falls."""
+
 
 def linear_policy(tmp_path: Path, k, name: str) -> ExportedPolicy:
     """An exported policy whose graph is ``clip(obs @ K, -1, 1)``: a real ONNX file run by ONNX Runtime."""
@@ -74,6 +78,12 @@ def test_a_balancing_policy_passes_the_suite_and_broken_ones_are_rejected(tmp_pa
             r = evaluate(EvalConfig(episodes=16, seed=seed, video=False), gate, linear_policy(tmp_path, k, name), twin(),
                          tmp_path / f"{name}{seed}")
             assert not r.passed and any(x.startswith("FAIL: nominal: success rate") for x in r.reasons), (name, seed)
+        r = evaluate(EvalConfig(episodes=16, seed=seed, video=False), gate,
+                     linear_policy(tmp_path, LATENCY_FRAGILE, "latency-fragile"), twin(), tmp_path / f"fragile{seed}")
+        by_name = {s.name: s for s in r.scenarios}
+        assert by_name["nominal"].success_rate == 1.0 and by_name["damping+30%"].success_rate == 1.0  # fine without delay
+        assert not r.passed and [x for x in r.reasons if x.startswith("FAIL")] == [
+            "FAIL: latency+1: success rate lower 95% bound 0.000 >= 0.5"], seed
 
 
 def test_sim_to_real_puts_the_calibrated_twin_closer_to_the_stand_in(tmp_path):
