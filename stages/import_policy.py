@@ -136,7 +136,10 @@ def import_checkpoint(cfg: ExportConfig, checkpoint: Path, spec_path: Path, out_
 def _with_action_mapping(model: onnx.ModelProto, spec: IOSpec) -> onnx.ModelProto:
     """Append ``[Clip] → Mul(scale) → Add(default)`` to the graph's output; output renamed ``action``."""
     graph = model.graph
-    raw = graph.output[0].name
+    raw = "sim2edge_raw"  # the source's output, renamed (it may already be called "action")
+    for node in graph.node:
+        node.input[:] = [raw if n == graph.output[0].name else n for n in node.input]
+        node.output[:] = [raw if n == graph.output[0].name else n for n in node.output]
     nodes, tensors, x = [], [], raw
     if spec.raw_action_clip is not None:
         tensors += [numpy_helper.from_array(np.array(-spec.raw_action_clip, np.float32), "sim2edge_clip_lo"),
