@@ -136,7 +136,8 @@ def _watch(args: argparse.Namespace) -> int:
     from edge.pull import watch
 
     watch(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.interval, args.jitter,
-          args.skip_target_check, pull_options(args), args.iterations)
+          args.skip_target_check, pull_options(args), args.iterations,
+          device_id=None if args.no_report else args.device_id)
     return 0
 
 
@@ -228,6 +229,9 @@ def parser() -> argparse.ArgumentParser:
     wa.add_argument("--jitter", type=float, default=0.2, help="each wait is interval x uniform(1-j, 1+j)")
     wa.add_argument("--iterations", type=int, help="stop after this many polls (default: never)")
     wa.add_argument("--skip-target-check", action="store_true")
+    wa.add_argument("--device-id", default=socket.gethostname(),
+                    help="report this device's state to the registry under this id (default: the host name)")
+    wa.add_argument("--no-report", action="store_true", help="do not report the device's state")
     add_transfer_arguments(wa)
     wa.set_defaults(func=_watch)
     gc = sub.add_parser("gc", help="delete old installed versions (never current or previous)")

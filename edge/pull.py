@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Iterable, Optional
 
 from edge import bundle, crash
 from edge.errors import CheckFailed
-from edge.registry_client import BundleRef, DownloadStats, RegistryClient, RegistryUnavailable, TransferOptions
+from edge.registry_client import (BundleRef, DownloadStats, RegistryClient, RegistryUnavailable, TransferOptions,
+                                  parse_ref)
 from edge.store import DeviceStore
 from edge.targets import check_compatible, detect_device, load_target
 
@@ -80,6 +81,26 @@ def health_check(store: DeviceStore, expected: Path, manifest: dict) -> str:
     return f"{runtime.name} ({', '.join(runtime.providers)})"
 
 
+def activate_checked(store: DeviceStore, final: Path, manifest: dict, remove_on_failure: bool) -> str:
+    """Switch ``current`` to ``final`` and health-check it there; on any failure switch both links back
+    (journaled as ``health-rollback``; ``final`` removed if asked and not ``previous``). Returns the runtime."""
+    old, old_previous = store.link("current"), store.link("previous")
+    store.activate(final)
+    crash.corrupt("switched", final)
+    try:
+        return health_check(store, final, manifest)
+    except Exception as e:  # anything (ONNX Runtime raises its own exception types): switch back
+        store.restore(old, old_previous)
+        if remove_on_failure and final != old_previous:
+            store.remove(final)  # failed after install: not trusted, a later pull downloads it again
+        detail = str(e) if isinstance(e, CheckFailed) else f"{type(e).__name__}: {e}"
+        policy, version = manifest["policy"]["name"], str(manifest["policy"]["version"])
+        store.record("health-rollback", policy=policy, version=version, detail=detail,
+                     restored=str(old) if old else None)
+        raise CheckFailed("health", f"{policy} v{version} failed its health check after activation ({detail}); "
+                                    f"current restored to {old or 'none'}") from None
+
+
 def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Path:
     """Re-verify an installed bundle (``previous`` by default) and make it current."""
     store = DeviceStore(root)
@@ -100,9 +121,9 @@ def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Pa
 
         manifest = bundle.verify_dir(target, trusted)
         smoke_test(target, manifest)
-        store.activate(target)
+        runtime = activate_checked(store, target, manifest, remove_on_failure=False)
         store.record("rollback", policy=manifest["policy"]["name"], version=str(manifest["policy"]["version"]),
-                     from_path=str(current) if current else None)
+                     from_path=str(current) if current else None, runtime=runtime)
         return target
 
 
@@ -181,20 +202,7 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, ref: str, target_re
         smoke = smoke_test(candidate, manifest)
         crash.point("smoked")
         final = installed if candidate == installed else store.install(candidate, target_ref.policy, target_ref.version)
-        old, old_previous = store.link("current"), store.link("previous")
-        store.activate(final)
-        crash.corrupt("switched", final)
-        try:
-            runtime = health_check(store, final, manifest)
-        except Exception as e:  # anything (ONNX Runtime raises its own exception types): switch back
-            store.restore(old, old_previous)
-            if final != old_previous:
-                store.remove(final)  # failed after install: not trusted, a later pull downloads it again
-            detail = f"{type(e).__name__}: {e}" if not isinstance(e, CheckFailed) else str(e)
-            store.record("health-rollback", policy=target_ref.policy, version=target_ref.version,
-                         detail=detail, restored=str(old) if old else None)
-            raise CheckFailed("health", f"{target_ref.policy} v{target_ref.version} failed its health check after "
-                                        f"activation ({detail}); current restored to {old or 'none'}") from None
+        runtime = activate_checked(store, final, manifest, remove_on_failure=True)
         crash.point("activated")
         store.record("activate", policy=target_ref.policy, version=target_ref.version, source=registry_url,
                      run_id=target_ref.run_id, bundle_sha256=target_ref.sha256, smoke_p99_s=smoke.latency_p99_s,
@@ -212,12 +220,20 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, ref: str, target_re
 
 def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s: float = 60.0, jitter: float = 0.2,
           skip_target_check: bool = False, options: Optional[PullOptions] = None, iterations: Optional[int] = None,
-          rng: Optional[random.Random] = None) -> None:
+          rng: Optional[random.Random] = None, device_id: Optional[str] = None) -> None:
     """Poll ``ref`` every ``interval_s`` (× uniform(1-jitter, 1+jitter), so a fleet spreads out) and pull new
     versions with all of pull's checks. Refusals and outages are reported on stderr and the loop goes on;
-    the persisted backoff keeps an unavailable registry from being hammered."""
+    the persisted backoff keeps an unavailable registry from being hammered. With ``device_id``, each poll
+    ends with a state report to the registry (edge/report.py), which never stops the loop."""
+    from edge.report import Reporter
+
     rng = rng or random.Random()
     trusted = list(trusted)
+    options = options or PullOptions()
+    reporter = None
+    if device_id:
+        reporter = Reporter(root, registry_url, parse_ref(ref)[0], device_id, trusted,
+                            timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s)
     polls = 0
     while True:
         try:
@@ -226,6 +242,8 @@ def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s
                 print(f"watch: activated {result.policy} v{result.version} at {result.path}", flush=True)
         except CheckFailed as e:
             print(f"watch: {e}", file=sys.stderr, flush=True)
+        if reporter is not None:
+            reporter.report()
         polls += 1
         if iterations is not None and polls >= iterations:
             return

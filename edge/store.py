@@ -46,7 +46,8 @@ def _make_writable(path: Path) -> None:
             f.chmod(0o700 if f.is_dir() else 0o600)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` by a rename of a fsynced temporary file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -139,7 +140,7 @@ class DeviceStore:
         delay = random.uniform(delay / 2, delay)  # equal jitter: devices that failed together retry apart
         state = {"registry": registry, "failures": failures, "last_error": detail,
                  "last_attempt": time.time(), "next_attempt": time.time() + delay}
-        _write_atomic(self.backoff_path, json.dumps(state, sort_keys=True).encode())
+        write_atomic(self.backoff_path, json.dumps(state, sort_keys=True).encode())
         return state
 
     def clear_backoff(self) -> None:
@@ -147,7 +148,7 @@ class DeviceStore:
         files does not change with the registry's availability)."""
         state = self.backoff_state()
         if state is None or state.get("failures"):
-            _write_atomic(self.backoff_path, json.dumps({"failures": 0}).encode())
+            write_atomic(self.backoff_path, json.dumps({"failures": 0}).encode())
 
     def link(self, name: str) -> Optional[Path]:
         """Where ``current`` or ``previous`` points, or None."""

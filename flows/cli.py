@@ -208,6 +208,26 @@ def evaluate(
     console.print(f"{'PASSED' if report.passed else 'FAILED'}; report {report.html}", soft_wrap=True, markup=False)
 
 
+@app.command()
+def devices(model: Optional[str] = typer.Option(None, help="Registered model (default: every one).")) -> None:
+    """List the devices reporting to the registry (sim2edge-agent watch): version, health, runtime, last error."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from registry.devices import devices as reports
+
+    try:
+        states = reports(MlflowClient(Workspace.from_env().tracking_uri()), model)
+    except (MlflowException, ValueError) as e:
+        _fail(str(e))
+    table = Table("model", "device", "version", "health", "runtime", "reported", "last error")
+    for d in states:
+        e = d.last_error or {}
+        table.add_row(d.model, d.device, d.version or "-", d.health, d.runtime or "-", f"{d.age_s:.0f} s ago",
+                      f"{e.get('check') or e.get('event')}: {e.get('detail', '')}"[:100] if e else "")
+    console.print(table if states else "no device has reported")
+
+
 def _fail(message: str) -> None:
     console.print(Text.assemble(("error", "red"), f": {message}"), soft_wrap=True)
     raise typer.Exit(2)

@@ -15,7 +15,7 @@ import pytest
 
 from edge import bundle, crash, signing
 from edge.errors import CheckFailed
-from edge.pull import PullOptions, pull
+from edge.pull import PullOptions, pull, rollback
 from edge.registry_client import TransferOptions
 from edge.store import DeviceStore
 from tests.bundles import make_keys, publish_versions
@@ -73,3 +73,16 @@ def test_first_install_failing_its_health_check_leaves_no_policy_active(mlflow_s
     assert [e["event"] for e in DeviceStore(root).history()] == ["health-rollback"]
     status = run_cli("sim2edge-agent", "status", "--root", str(root))
     assert status.returncode == 1 and "no active policy" in status.stdout
+
+
+def test_rollback_failing_its_health_check_keeps_current(mlflow_server, policy, tmp_path, monkeypatch):
+    name, trusted, _ = policy
+    root = tmp_path / "store"
+    _pull(name, 1, mlflow_server, root, trusted)
+    _pull(name, 2, mlflow_server, root, trusted)
+    links = os.readlink(root / "current"), os.readlink(root / "previous")
+    monkeypatch.setenv(crash.CORRUPT_ENV, "switched:policy.onnx")
+    with pytest.raises(CheckFailed, match=rf"^health: {name} v1 failed its health check .*restored to .*/2"):
+        rollback(root, trusted)
+    assert (os.readlink(root / "current"), os.readlink(root / "previous")) == links
+    assert DeviceStore(root).history()[-1]["event"] == "health-rollback"
