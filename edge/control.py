@@ -13,6 +13,10 @@ Wire format (UDP ``udp://HOST:PORT`` or a Unix datagram socket ``unix:///path``)
         stamp   float64  sender's clock, echoed unchanged (round-trip timing)
         count   uint32   number of float32 values; must equal the bundle's observation size
         values  count × float32, in the bundle's observation order (``io.input.terms``)
+      optional tail: the robot's measured joint state, recorded in telemetry, never given to the policy
+        nstate  uint32   number of float32 values (qpos then qvel in the MJCF's order); the same in
+                         every observation of a run (the first one fixes it)
+        state   nstate × float32
 
     action       agent → client   "<4sIdII" + count × float32
         magic   b"S2A1"
@@ -47,6 +51,7 @@ from edge.telemetry import Recorder
 
 OBS = struct.Struct("<4sIdI")
 ACT = struct.Struct("<4sIdII")
+COUNT = struct.Struct("<I")
 OBS_MAGIC, ACT_MAGIC, STATS_MAGIC = b"S2O1", b"S2A1", b"S2S1"
 SAFE_DEFAULT, WATCHDOG, LATE = 1, 2, 4
 
@@ -71,9 +76,10 @@ def open_socket(address: str) -> Tuple[socket.socket, str]:
     return sock, bound
 
 
-def encode_observation(seq: int, stamp: float, values: np.ndarray) -> bytes:
+def encode_observation(seq: int, stamp: float, values: np.ndarray, state: Optional[np.ndarray] = None) -> bytes:
     v = np.ascontiguousarray(values, dtype="<f4")
-    return OBS.pack(OBS_MAGIC, seq, stamp, v.size) + v.tobytes()
+    tail = b"" if state is None else COUNT.pack(np.size(state)) + np.ascontiguousarray(state, dtype="<f4").tobytes()
+    return OBS.pack(OBS_MAGIC, seq, stamp, v.size) + v.tobytes() + tail
 
 
 def decode_action(data: bytes) -> Tuple[int, float, int, np.ndarray]:
@@ -95,6 +101,7 @@ class ControlLoop:
         self.watchdog_periods = watchdog_periods
         self.stop_after_silence_s = stop_after_silence_s
         self.n_obs = len(policy.obs_names)
+        self.nstate: Optional[int] = None  # joint-state values per observation, once a client sent them
         self.default = policy.default.astype("<f4")
         self.client = None
         self.last_seq, self.last_stamp = 0xFFFFFFFF, 0.0
@@ -139,9 +146,14 @@ class ControlLoop:
                 self.counts["malformed"] += 1
                 continue
             count = OBS.unpack_from(data)[3]
-            if count != self.n_obs or len(data) != OBS.size + 4 * count:
+            end = OBS.size + 4 * count
+            nstate = COUNT.unpack_from(data, end)[0] if len(data) >= end + COUNT.size else None
+            if count != self.n_obs or len(data) != end + (0 if nstate is None else COUNT.size + 4 * nstate) \
+                    or (nstate is not None and self.nstate not in (None, nstate)):
                 self.counts["malformed"] += 1
                 continue
+            if nstate is not None:
+                self.nstate = nstate
             if newest is not None:
                 self.counts["dropped_stale"] += 1  # two observations in one period: the older is skipped
             newest = (data, addr)
@@ -168,6 +180,8 @@ class ControlLoop:
             self.client = addr or self.client
             _, seq, stamp, count = OBS.unpack_from(data)
             obs = np.frombuffer(data, "<f4", count, OBS.size)
+            tail = OBS.size + 4 * count + COUNT.size
+            state = np.frombuffer(data, "<f4", self.nstate, tail) if len(data) > tail else None
             self.counts["observations"] += 1
             self.silent = 0
             before = self.policy.unsafe_count
@@ -193,7 +207,8 @@ class ControlLoop:
             self.counts["deadline_misses"] += 1
         self._send(self.last_seq, self.last_stamp, flags, action)
         if got is not None and self.recorder is not None:
-            self.recorder.record(self.episode, self.step, time.time(), obs, action, self.act_times[-1], loop_s, flags)
+            self.recorder.record(self.episode, self.step, time.time(), obs, action, self.act_times[-1], loop_s, flags,
+                                 state)
             self.step += 1
 
     def serve(self, duration_s: Optional[float] = None) -> dict:

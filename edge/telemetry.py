@@ -5,7 +5,10 @@ Files: ``<root>/telemetry/pending/<start ms>-<seq>-v<policy version>.npz``, one 
 collect log format's columns (stages/logs.py) that the device itself knows, under the same names:
 ``episode``, ``step``, ``time``, ``obs.<name>``, ``act.<name>``, ``inference_ms``, ``loop_ms``,
 ``policy_version``, ``device_id``, plus ``flags`` (the wire format's action flags) and
-``schema_version``. The robot's ``ctrl.*``/``qpos.*``/``qvel.*`` are not seen by the agent.
+``schema_version``. ``act.<name>`` is what the agent sent: the policy's actuator command (the
+graph scales it; collect derives the log's ``ctrl.*`` and normalized ``act.*`` from it). When the
+robot appends its measured joint state to observations (edge/control.py), it is recorded as
+``state.<i>`` (NaN in rows that came without it); collect splits it into ``qpos.*``/``qvel.*``.
 
 Why .npz, not Parquet: the agent may depend only on the standard library, numpy, an inference
 runtime and cryptography; numpy writes .npz natively (uncompressed, no pickle: every column is a
@@ -54,15 +57,20 @@ class Recorder:
         self.act = np.zeros((rows_per_file, len(act_names)), np.float32)
         self.scalars = np.zeros((rows_per_file, 5), np.float64)  # episode, step, time, inference_ms, loop_ms
         self.flags = np.zeros(rows_per_file, np.uint32)
+        self.state: Optional[np.ndarray] = None  # (rows, nstate), allocated with the first joint state seen
         self.n = 0
         self.seq = 0
         self.files_written = 0
         self.rows_dropped = 0
 
     def record(self, episode: int, step: int, t: float, obs: np.ndarray, act: np.ndarray,
-               inference_s: float, loop_s: float, flags: int) -> None:
+               inference_s: float, loop_s: float, flags: int, state: Optional[np.ndarray] = None) -> None:
         i = self.n
         self.obs[i], self.act[i] = obs, act
+        if state is not None and self.state is None:
+            self.state = np.full((self.rows, len(state)), np.nan, np.float32)
+        if self.state is not None:
+            self.state[i] = np.nan if state is None else state
         self.scalars[i] = (episode, step, t, inference_s * 1e3, loop_s * 1e3)
         self.flags[i] = flags
         self.n += 1
@@ -90,6 +98,9 @@ class Recorder:
         }
         cols.update({f"obs.{name}": self.obs[:n, j].copy() for j, name in enumerate(self.obs_names)})
         cols.update({f"act.{name}": self.act[:n, j].copy() for j, name in enumerate(self.act_names)})
+        if self.state is not None:
+            cols.update({f"state.{j}": self.state[:n, j].copy() for j in range(self.state.shape[1])})
+            self.state[:] = np.nan
         name = f"{int(time.time() * 1000)}-{self.seq:06d}-v{self.policy_version}.npz"
         self.seq += 1
         tmp = self.dir / f".{name}.tmp"

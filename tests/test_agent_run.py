@@ -147,3 +147,23 @@ def test_large_finite_observation_is_not_mistaken_for_nan(tmp_path):
     batch = np.zeros((3, 5), np.float32)
     batch[1, 0] = np.inf
     assert policy.act(batch)[:, 0] == pytest.approx([0.0, 0.1, 0.0]) and policy.unsafe_count == 1
+
+
+def test_joint_state_tail_is_recorded_and_a_changed_size_is_malformed(tmp_path):
+    from edge import telemetry
+
+    root = active_store(tmp_path, period_s=0.005)
+    proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--telemetry", "--watchdog-periods", "100000")
+    client = Client(address, tmp_path)
+    client.sock.sendto(encode_observation(1, 0.0, np.zeros(5), np.array([1, 2, 3, 4])), client.peer)
+    assert decode_action(client.sock.recv(65536))[0] == 1
+    assert client.act(2, np.zeros(5))[0] == 2  # no tail: accepted, state recorded as NaN
+    client.sock.sendto(encode_observation(3, 0.0, np.zeros(5), np.array([1, 2, 3])), client.peer)  # size changed
+    client.sock.sendto(encode_observation(4, 0.0, np.zeros(5), np.array([1, 2, 3, 4]))[:-2], client.peer)  # torn
+    assert client.act(5, np.zeros(5))[0] == 5 and client.stats()["malformed"] == 2
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=10)
+    (f,) = (root / "telemetry" / "pending").glob("*.npz")
+    cols = telemetry.read(f)
+    assert sorted(k for k in cols if k.startswith("state.")) == ["state.0", "state.1", "state.2", "state.3"]
+    assert list(cols["state.3"][:1]) == [4.0] and np.isnan(cols["state.0"][1:]).all() and len(cols["step"]) == 3

@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import io
+import json
+import signal
+import uuid
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from mlflow.tracking import MlflowClient
 
+from edge import bundle, signing
+from edge.control import decode_action, encode_observation
+from edge.store import DeviceStore
 from flows.steps import collect_step
 from flows.workspace import Workspace
 from registry.telemetry import upload
 from registry.tracking import standalone
 from stages import logs, standin
+from stages.collect.ingest import ingest_folder
 from stages.collect.rollouts import record
+from stages.collect.store import DatasetStore
+from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
+from tests.bundles import linear_onnx, make_bundle, make_keys
 from tests.conftest import run_cli
+from tests.test_agent_run import Client as AgentClient, start as start_agent
 
 
 def _collect_runs(client: MlflowClient, experiment_id: str):
@@ -78,3 +93,103 @@ def test_collect_and_calibrate_commands(tmp_path):
     assert out.returncode == 2 and "no dataset version 'v0007'" in out.stdout and "versions: v0001" in out.stdout
     out = run_cli("sim2edge", "collect", "--task", "nope", env=env, unset=unset)
     assert out.returncode == 2 and "valid tasks: cartpole, reacher" in out.stdout
+
+
+# -- the agent's .npz telemetry: closed loop through `sim2edge-agent run`, upload, collect ---------------
+
+def _cartpole_store(tmp_path: Path) -> Path:
+    """A device store whose active bundle speaks cart-pole's I/O contract (a linear policy)."""
+    task = load("cartpole")
+    w = np.array([[0.3], [0.0], [-0.8], [0.2], [-0.4]], np.float32)
+    x = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+    buf = io.BytesIO()
+    np.savez(buf, inputs=x, outputs=np.clip(x @ w, -1, 1))
+    contract = {"input": {"terms": [{"name": o.name, "unit": o.unit} for o in task.observations]},
+                "output": {"terms": [{"name": a.name, "unit": a.unit} for a in task.actions],
+                           "low": [-1.0], "high": [1.0], "default": [0.0]}}
+    priv, pub = make_keys(tmp_path)
+    make_bundle(tmp_path / "b.tar", priv, {"policy.onnx": linear_onnx(w), "golden.npz": buf.getvalue()},
+                io=contract, period_s=0.005)
+    store = DeviceStore(tmp_path / "device")
+    staged = store.staging_dir()
+    bundle.extract(tmp_path / "b.tar", staged, 1 << 24)
+    bundle.verify_dir(staged, signing.load_trusted([pub]))
+    store.activate(store.install(staged, "cartpole", "1"))
+    return store.root
+
+
+def test_agent_telemetry_is_uploaded_and_collected_into_the_dataset(mlflow_server, tmp_path):
+    task = load("cartpole")
+    root = _cartpole_store(tmp_path)
+    device = f"agent-{uuid.uuid4().hex[:8]}"
+    proc, address = start_agent(root, "--listen", "udp://127.0.0.1:0", "--telemetry", "--telemetry-rows", "25",
+                                "--device-id", device, "--watchdog-periods", "100000")
+    robot = BatchedEnv(task, 1, params=standin.hidden_params("cartpole"), seed=3, terminate=False)
+    client = AgentClient(address, tmp_path)
+    sent = []
+    for i in range(40):  # the robot sends observation + measured joint state, applies the agent's command
+        obs, state = robot.observe()[0], np.r_[robot.qpos[0], robot.qvel[0]].astype(np.float32)
+        client.sock.sendto(encode_observation(i, 0.0, obs, state), client.peer)
+        while (got := decode_action(client.sock.recv(65536)))[0] != i:
+            pass
+        sent.append((obs, state, got[3].copy()))
+        robot.step(((got[3] - task.action_default) / task.action_scale)[None])
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    pending = root / "telemetry" / "pending"
+    files = sorted(pending.glob("*.npz"))
+    assert len(files) == 2
+    # a damaged copy: NaN in qvel.1 (state.3) at row 3 must be quarantined naming the file and field
+    damaged = dict(np.load(files[0]))
+    damaged["state.3"] = damaged["state.3"].copy()
+    damaged["state.3"][3] = np.nan
+    bad = pending / (files[0].stem[:-3] + "9-v1.npz")
+    np.savez(bad, **damaged)
+    r = run_cli("sim2edge-agent", "upload", "--registry", mlflow_server, "--root", str(root), "--device-id", device)
+    assert r.returncode == 0, r.stderr
+
+    ctx = standalone(mlflow_server, "sim2edge/cartpole-agent-telemetry-test", None)
+    report = collect_step(ctx, Workspace(home=tmp_path / "ws"), "cartpole", "registry")
+    (q,) = [q for q in report.quarantined if q.file.endswith(bad.name)]
+    assert f"{bad.name}: episode 0, column 'state.3', row 3: nan is not finite" in q.reason
+    manifest = json.loads((report.dataset.path / "manifest.json").read_text())
+    ours = [f for f in manifest["files"] if f["device_ids"] == [device]]
+    assert sorted(f["name"] for f in ours) == [f.name for f in files] and all("telemetry_sha256" in f for f in ours)
+    table = pa.concat_tables([logs.read((report.dataset.path / f["path"]).resolve()) for f in ours])
+    assert table.column("step").to_pylist() == list(range(40))
+    assert np.allclose(logs.columns(table, "obs"), [s[0] for s in sent])
+    assert np.allclose(np.c_[logs.columns(table, "qpos"), logs.columns(table, "qvel")], [s[1] for s in sent])
+    assert np.allclose(logs.columns(table, "ctrl"), [s[2] for s in sent])
+    assert set(table.column("policy_version").to_pylist()) == {"1"}
+    again = collect_step(ctx, Workspace(home=tmp_path / "ws"), "cartpole", "registry")
+    assert not again.new_version
+
+
+@pytest.mark.parametrize("edit, field, message", [
+    (lambda c: [c.pop(k) for k in list(c) if k.startswith("state.")], "state.0",
+     "no measured joint state"),
+    (lambda c: c.pop("obs.pole_sin"), "obs.pole_sin", "missing"),
+    (lambda c: c.update({"obs.extra": c["step"]}), "obs.extra", "not in task 'cartpole'"),
+    (lambda c: c.update({"schema_version": np.array(7)}), "schema_version", "schema version 7 is not 1"),
+    (lambda c: c.update({"time": c["time"][:-1]}), "time", "shape"),
+    (lambda c: c.update({"step": c["step"] * 2}), "step", "step goes from 0 to 2"),
+])
+def test_bad_agent_telemetry_names_file_and_field(tmp_path, edit, field, message):
+    n = 6
+    cols = {"schema_version": np.array(1), "episode": np.zeros(n, np.int64), "step": np.arange(n),
+            "time": np.arange(n) * 0.02, "inference_ms": np.ones(n, np.float32), "loop_ms": np.ones(n, np.float32),
+            "flags": np.zeros(n, np.uint32), "policy_version": np.array(["1"] * n), "device_id": np.array(["d"] * n),
+            **{f"obs.{o.name}": np.zeros(n, np.float32) for o in load("cartpole").observations},
+            "act.slide": np.zeros(n, np.float32), **{f"state.{i}": np.zeros(n, np.float32) for i in range(4)}}
+    edit(cols)
+    path = tmp_path / "up" / "t.npz"
+    path.parent.mkdir()
+    np.savez(path, **cols)
+    (path.parent / "cut.npz").write_bytes(path.read_bytes()[:100])
+    store = DatasetStore(tmp_path / "ds", load("cartpole"), "cartpole")
+    report = ingest_folder(store, path.parent)
+    reasons = {Path(q.file).name: q.reason for q in report.quarantined}
+    assert f"t.npz: " in reasons["t.npz"] and f"'{field}'" in reasons["t.npz"] and message in reasons["t.npz"]
+    assert "unreadable or truncated .npz" in reasons["cut.npz"]
+    assert report.dataset is None and not list((tmp_path / "ds" / "files").iterdir())

@@ -21,10 +21,12 @@ class StandinConfig(BaseModel):
 
 
 def new_files(folder: Path, since_ns: int) -> tuple[list[Path], int]:
-    """``*.parquet`` under ``folder`` modified at or after ``since_ns``, and the newest mtime seen."""
+    """Logs (``*.parquet``, the agent's ``*.npz``) under ``folder`` modified at or after ``since_ns``, and the
+    newest mtime seen."""
     if not folder.is_dir():
         raise FileNotFoundError(f"log folder {folder} does not exist")
-    found = [(p, p.stat().st_mtime_ns) for p in folder.rglob("*.parquet") if not p.name.startswith(".")]
+    found = [(p, p.stat().st_mtime_ns) for pattern in ("*.parquet", "*.npz") for p in folder.rglob(pattern)
+             if not p.name.startswith(".")]
     fresh = [p for p, m in found if m >= since_ns]
     return fresh, max([since_ns] + [m for _, m in found])
 

@@ -1,7 +1,7 @@
 """The dataset store: content-addressed log files, immutable dataset versions, watermarks, quarantine.
 
 ```
-<root>/files/<sha256>.parquet        validated log files, by content
+<root>/files/<sha256>.parquet        validated log files, by content (agent .npz telemetry converted first)
 <root>/versions/v0001/manifest.json  one dataset version: every file it holds, with digests
 <root>/latest                        the newest version's name, replaced atomically last
 <root>/watermarks.json               per source: how far ingest has read
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from edge.bundle import sha256_path
 from stages import logs
 from stages.artifacts import Dataset, atomic_dir, sha256_json
+from stages.collect import device_logs
 from stages.collect.validate import LogError, validate
 from stages.sim.task import Task
 
@@ -113,31 +115,42 @@ class DatasetStore:
         """
         previous = self.latest()
         old = json.loads((previous.path / "manifest.json").read_text())["files"] if previous else []
-        known = {f["sha256"] for f in old}
+        known = {f["sha256"] for f in old} | {f["telemetry_sha256"] for f in old if "telemetry_sha256" in f}
         added, duplicates, quarantined, entries = [], [], [], []
         files_dir = self.root / "files"
         files_dir.mkdir(parents=True, exist_ok=True)
-        for path in sorted(paths):
-            digest = sha256_path(path)
-            if digest in known:
-                duplicates.append(str(path))
-                continue
-            try:
-                summary = validate(path, self.task)
-            except LogError as e:
-                quarantined.append(self._quarantine(path, digest, e))
-                continue
-            known.add(digest)
-            stored = files_dir / f"{digest}.parquet"
-            if not stored.exists():
-                tmp = files_dir / f".{digest}.tmp"
-                shutil.copyfile(path, tmp)
-                os.replace(tmp, stored)
-            added.append(str(path))
-            entries.append({"name": path.name, "sha256": digest, "path": f"../../files/{digest}.parquet",
-                            "source": source, "rows": summary.rows, "episodes": summary.episodes,
-                            "time_range_s": list(summary.time_range_s), "device_ids": list(summary.device_ids),
-                            "policy_versions": list(summary.policy_versions)})
+        with tempfile.TemporaryDirectory(dir=self.root) as work:
+            for path in sorted(paths):
+                original = sha256_path(path)
+                if original in known:
+                    duplicates.append(str(path))
+                    continue
+                log = path
+                try:
+                    if path.suffix == ".npz":
+                        try:
+                            log = device_logs.convert(path, self.task, Path(work) / f"{original}.parquet")
+                            summary = validate(log, self.task)
+                        except LogError as e:
+                            raise device_logs.relabel(e, path, self.task) from None
+                    else:
+                        summary = validate(path, self.task)
+                except LogError as e:
+                    quarantined.append(self._quarantine(path, original, e))
+                    continue
+                digest = original if log == path else sha256_path(log)
+                known |= {original, digest}
+                stored = files_dir / f"{digest}.parquet"
+                if not stored.exists():
+                    tmp = files_dir / f".{digest}.tmp"
+                    shutil.copyfile(log, tmp)
+                    os.replace(tmp, stored)
+                added.append(str(path))
+                entries.append({"name": path.name, "sha256": digest, "path": f"../../files/{digest}.parquet",
+                                "source": source, "rows": summary.rows, "episodes": summary.episodes,
+                                "time_range_s": list(summary.time_range_s), "device_ids": list(summary.device_ids),
+                                "policy_versions": list(summary.policy_versions),
+                                **({"telemetry_sha256": original} if log != path else {})})
         dataset = previous
         if entries:
             dataset = self._commit(previous, old + entries)
