@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -25,6 +25,7 @@ from stages.artifacts import Checkpoint, atomic_dir
 from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
+from stages.sim.task import Task
 
 IterationCallback = Callable[[int, dict[str, float]], None]
 
@@ -40,8 +41,14 @@ class TrainConfig(BaseModel):
     hidden_dims: tuple[int, ...] = Field((64, 64), description="Actor and critic MLP widths.")
     learning_rate: float = Field(1e-3, gt=0)
     entropy_coef: float = Field(0.005, ge=0)
+    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE λ.")
+    init_noise_std: float = Field(0.6, gt=0, description="Initial std of the Gaussian action noise (normalized units).")
     seed: int = Field(0, description="Seeds torch, the environments and the randomization.")
     nthread: int = Field(2, ge=1, description="Physics threads.")
+    eval_every: int = Field(0, ge=0, description="Deterministic evaluation every N iterations (0: never).")
+    eval_episodes: int = Field(16, ge=1, description="Episodes per deterministic evaluation (fixed seeds).")
+    target_return: Optional[float] = Field(None, description="Stop once a deterministic evaluation reaches this return.")
 
 
 class NonFiniteTraining(RuntimeError):
@@ -83,7 +90,7 @@ def rsl_rl_config(cfg: TrainConfig) -> dict:
     return {
         "num_steps_per_env": cfg.steps_per_env,
         "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
-        "actor": {**model, "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": 0.6}},
+        "actor": {**model, "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": cfg.init_noise_std}},
         "critic": model,
         "algorithm": {
             "class_name": "PPO",
@@ -91,8 +98,8 @@ def rsl_rl_config(cfg: TrainConfig) -> dict:
             "num_learning_epochs": 5,
             "num_mini_batches": 4,
             "entropy_coef": cfg.entropy_coef,
-            "gamma": 0.99,
-            "lam": 0.95,
+            "gamma": cfg.gamma,
+            "lam": cfg.gae_lambda,
             "desired_kl": 0.01,
             "schedule": "adaptive",
         },
@@ -103,6 +110,25 @@ def rsl_rl_config(cfg: TrainConfig) -> dict:
 def build_algorithm(cfg: TrainConfig, vec_env: RslRlEnv) -> PPO:
     """Construct rsl_rl's PPO (actor, critic, storage) for ``vec_env``."""
     return PPO.construct_algorithm(vec_env.get_observations(), vec_env, rsl_rl_config(cfg), "cpu")
+
+
+EVAL_SEED = 7_000_000
+"""Seed of the deterministic evaluation's initial states (disjoint from training seeds)."""
+
+
+def deterministic_return(actor: torch.nn.Module, task: Task, twin: PhysicalParams, episodes: int, nthread: int) -> float:
+    """Mean return of ``episodes`` seeded episodes (the same ones every call) with the deterministic action."""
+    env = BatchedEnv(task, episodes, params=twin, seed=EVAL_SEED, nthread=nthread)
+    obs, first = env.observe(), np.full(episodes, np.nan)
+    with torch.inference_mode():
+        while np.isnan(first).any():
+            action = actor(TensorDict({"policy": torch.from_numpy(obs)}, batch_size=[env.num_envs]))
+            r = env.step(action.clamp(-1.0, 1.0).numpy())
+            finished = np.flatnonzero(r.done)
+            fresh = np.isnan(first[finished])
+            first[finished[fresh]] = r.finished_returns[fresh]
+            obs = r.obs
+    return float(first.mean())
 
 
 def train(
@@ -123,6 +149,7 @@ def train(
     obs = vec_env.get_observations()
     alg.train_mode()
     last_return = -math.inf
+    iterations = cfg.iterations
     for it in range(cfg.iterations):
         start = time.perf_counter()
         with torch.inference_mode():
@@ -149,13 +176,20 @@ def train(
         }
         vec_env.finished_returns.clear()
         vec_env.finished_success.clear()
+        if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
+            start = time.perf_counter()
+            metrics["eval_return"] = deterministic_return(alg.actor, task, twin, cfg.eval_episodes, cfg.nthread)
+            metrics["eval_time_s"] = time.perf_counter() - start
         if on_iteration:
             on_iteration(it, metrics)
+        if cfg.target_return is not None and metrics.get("eval_return", -math.inf) >= cfg.target_return:
+            iterations = it + 1
+            break
     infos = {"task": cfg.task, "hidden_dims": list(cfg.hidden_dims), "config": cfg.model_dump(mode="json")}
     with atomic_dir(out_dir) as tmp:
-        torch.save({**alg.save(), "iter": cfg.iterations, "infos": infos}, tmp / "model.pt")
+        torch.save({**alg.save(), "iter": iterations, "infos": infos}, tmp / "model.pt")
     path = out_dir / "model.pt"
-    return Checkpoint(path=path, digest=sha256_path(path), task=cfg.task, iterations=cfg.iterations,
+    return Checkpoint(path=path, digest=sha256_path(path), task=cfg.task, iterations=iterations,
                       final_return=last_return, hidden_dims=cfg.hidden_dims)
 
 

@@ -10,7 +10,8 @@ import torch
 from edge.runtime import OnnxRuntime
 from stages.export import ExportConfig, ParityError, export
 from stages.sim.params import PhysicalParams
-from stages.train import RslRlEnv, TrainConfig, load_actor, rsl_rl_config, train
+from stages.sim.registry import load
+from stages.train import RslRlEnv, TrainConfig, deterministic_return, load_actor, rsl_rl_config, train
 
 TINY = TrainConfig(iterations=2, num_envs=8, steps_per_env=8, hidden_dims=(16, 16))
 
@@ -39,6 +40,19 @@ def test_metrics_reported_per_iteration(tmp_path):
     assert {"mean_return", "env_steps_per_s", "update_time_s", "collect_time_s"} <= set(seen[0][1])
 
 
+def test_deterministic_evaluation_is_repeatable_and_stops_at_the_target(tmp_path):
+    seen = []
+    cfg = TINY.model_copy(update={"iterations": 5, "eval_every": 2, "eval_episodes": 4})
+    full = train(cfg, PhysicalParams(), tmp_path / "full", on_iteration=lambda it, m: seen.append(m))
+    assert ["eval_return" in m for m in seen] == [False, True, False, True, False] and full.iterations == 5
+    actor = load_actor(full.path)
+    task = load("cartpole")
+    assert deterministic_return(actor, task, PhysicalParams(), 4, 1) == deterministic_return(actor, task, PhysicalParams(), 4, 1)
+    first = seen[1]["eval_return"]
+    early = train(cfg.model_copy(update={"target_return": first}), PhysicalParams(), tmp_path / "early")
+    assert early.iterations == 2 and torch.load(early.path, weights_only=False)["iter"] == 2
+
+
 def test_checkpoint_round_trips_with_normalizer(checkpoint):
     saved = actor_weights(checkpoint.path)
     mean = saved["obs_normalizer._mean"]
@@ -51,7 +65,6 @@ def test_checkpoint_loads_into_rsl_rl_runner(checkpoint):
     from rsl_rl.runners import OnPolicyRunner
 
     from stages.sim.env import BatchedEnv
-    from stages.sim.registry import load
 
     env = RslRlEnv(BatchedEnv(load("cartpole"), TINY.num_envs))
     cfg = {**rsl_rl_config(TINY), "save_interval": 50, "logger": "tensorboard"}
