@@ -167,3 +167,18 @@ def test_joint_state_tail_is_recorded_and_a_changed_size_is_malformed(tmp_path):
     cols = telemetry.read(f)
     assert sorted(k for k in cols if k.startswith("state.")) == ["state.0", "state.1", "state.2", "state.3"]
     assert list(cols["state.3"][:1]) == [4.0] and np.isnan(cols["state.0"][1:]).all() and len(cols["step"]) == 3
+
+
+def test_single_observation_fast_path_matches_the_batch_path(tmp_path):
+    """act() on one observation runs through IO-bound buffers; its answers must be the batch path's, and
+    must not be overwritten by the next call."""
+    from edge.policy import Policy
+
+    policy = Policy.load(active_store(tmp_path, period_s=0.02))
+    assert policy._bound is not None, "the CPU provider should take the IO-binding path"
+    xs = np.random.default_rng(1).normal(scale=0.5, size=(50, 5)).astype(np.float32)
+    xs[7, 2] = np.nan
+    singles = [policy.act(x) for x in xs]
+    assert policy.unsafe_count == 1
+    np.testing.assert_allclose(np.stack(singles), policy.act(xs), atol=1e-6)
+    assert singles[7] == pytest.approx([0.1]) and policy.act([0.1] * 5) == pytest.approx([0.25])
