@@ -5,6 +5,8 @@
 2. The version's tags name the bundle: ``sim2edge.bundle.path`` (path under the artifact
    proxy root), ``sim2edge.bundle.sha256`` and ``sim2edge.bundle.size``.
 3. ``GET /api/2.0/mlflow-artifacts/artifacts/<path>`` streams the bundle (artifact proxy).
+4. ``watch`` reports the device's state with ``POST /api/2.0/mlflow/registered-models/set-tag``
+   (edge/report.py); ``upload`` sends telemetry as runs (edge/telemetry.py).
 
 Transfers retry transient failures (connection refused or dropped, timeouts, HTTP 5xx/429/408,
 short bodies) with exponential backoff and full jitter, and resume a partial download with

@@ -47,26 +47,28 @@ def tag_key(device_id: str) -> str:
     return TAG_PREFIX + re.sub(r"[^A-Za-z0-9_.-]", "_", device_id)[:200]
 
 
+def _last(history: list, events: tuple) -> Optional[dict]:
+    return next((e for e in reversed(history) if e["event"] in events), None)
+
+
 def device_state(store: DeviceStore, trusted: Iterable, device_id: str) -> dict:
     """This device's state, from the store's links and journal (see the module docstring)."""
     history = store.history()
     current = store.link("current")
-    health = "none"
-    last_error = next(({k: e.get(k) for k in ("event", "check", "detail", "time", "version") if k in e}
-                       for e in reversed(history) if e["event"] in _ERRORS), None)
+    error = _last(history, _ERRORS)
+    last_error = {k: error[k] for k in ("event", "check", "detail", "time", "version") if k in error} if error else None
+    health, runtime = "none", None
     if current is not None:
         try:
             bundle.verify_dir(current, trusted)
-            health = "ok"
+            switch = _last(history, _SWITCHES)
+            health = "rolled-back" if switch and switch["event"] == "health-rollback" else "ok"
         except (CheckFailed, OSError, ValueError) as e:
-            health = "corrupt"
-            last_error = {"event": "verify", "detail": str(e)[:500], "time": time.time()}
-        switches = [e for e in history if e["event"] in _SWITCHES]
-        if health == "ok" and switches and switches[-1]["event"] == "health-rollback":
-            health = "rolled-back"
-    runtime = next((e["runtime"] for e in reversed(history) if e["event"] in ("activate", "rollback") and
-                    e.get("runtime") and current is not None and
-                    (e.get("policy"), str(e.get("version"))) == (current.parent.name, current.name)), None)
+            health, last_error = "corrupt", {"event": "verify", "detail": str(e), "time": time.time()}
+        ran = _last([e for e in history if (e.get("policy"), str(e.get("version"))) == (current.parent.name,
+                                                                                      current.name)],
+                    ("activate", "rollback"))
+        runtime = ran.get("runtime") if ran else None
     if last_error and "detail" in last_error:
         last_error["detail"] = str(last_error["detail"])[:500]
     backoff = store.backoff_state() or {}
