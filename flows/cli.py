@@ -206,6 +206,8 @@ def evaluate(
     for reason in report.reasons:
         console.print(reason, markup=False, highlight=False)
     console.print(f"{'PASSED' if report.passed else 'FAILED'}; report {report.html}", soft_wrap=True, markup=False)
+    if not report.passed:
+        raise typer.Exit(1)
 
 
 @app.command()
