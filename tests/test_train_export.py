@@ -37,7 +37,8 @@ def test_metrics_reported_per_iteration(tmp_path):
     seen = []
     train(TINY, PhysicalParams(), tmp_path / "ck", on_iteration=lambda it, m: seen.append((it, m)))
     assert [it for it, _ in seen] == [0, 1]
-    assert {"mean_return", "env_steps_per_s", "update_time_s", "collect_time_s"} <= set(seen[0][1])
+    assert {"mean_return", "env_steps_per_s", "update_time_s", "collect_time_s", "sample_time_share"} <= set(seen[0][1])
+    assert all(0 < m["sample_time_share"] < 1 for _, m in seen)
 
 
 def test_deterministic_evaluation_is_repeatable_and_stops_at_the_target(tmp_path):
