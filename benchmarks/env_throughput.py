@@ -2,8 +2,11 @@
 
 (a) ``BatchedEnv.step`` (obs, reward, termination, auto-reset, randomized per-env models),
 (b) raw ``mujoco.rollout`` of the same models, decimation and env count, nothing else,
-(c) a Python loop of ``mj_step`` over the envs (what a hand-written vector env does).
-Run: .venv/bin/python benchmarks/env_throughput.py [--task cartpole] [--envs 64]
+(c) a Python loop of ``mj_step`` over the envs (what a hand-written vector env does);
+for ``--task reacher`` also (d) gymnasium's ``SyncVectorEnv`` × 8 of ``Reacher-v5`` and (e) envpool
+× ``--envs`` of ``Reacher-v5`` on 2 threads, when envpool is installed (``pip install -e '.[bench]'``).
+Targets for reacher: ≥ 0.75 × raw physics, ≥ 0.8 × envpool, ≥ 3 × SyncVectorEnv.
+Run: .venv/bin/python benchmarks/env_throughput.py [--task cartpole|reacher] [--envs 64]
 """
 
 from __future__ import annotations
@@ -62,6 +65,32 @@ def main() -> None:
     print(f"  BatchedEnv.step     {rate(t_env):10.0f} env-steps/s")
     print(f"  raw rollout         {rate(t_raw):10.0f} env-steps/s   ratio env/raw  {t_raw / t_env:.2f}")
     print(f"  python mj_step loop {rate(t_loop):10.0f} env-steps/s   ratio env/loop {t_loop / t_env:.2f}")
+    if args.task == "reacher":
+        for name, env_steps_per_s in gymnasium_references(n, steps, actions):
+            print(f"  {name:19s} {env_steps_per_s:10.0f} env-steps/s   ratio {rate(t_env) / env_steps_per_s:.2f}")
+
+
+def gymnasium_references(n: int, steps: int, actions: np.ndarray):
+    """(name, env-steps/s) of gymnasium's SyncVectorEnv × 8 and, if installed, envpool × n of Reacher-v5."""
+    import gymnasium as gym
+
+    vec = gym.vector.SyncVectorEnv([lambda: gym.make("Reacher-v5") for _ in range(8)])
+    vec.reset(seed=0)
+    start = time.perf_counter()
+    for a in actions[: steps // 4]:
+        vec.step(a[:8])
+    yield "SyncVectorEnv × 8", 8 * (steps // 4) / (time.perf_counter() - start)
+    try:
+        import envpool
+    except ImportError:
+        print("  envpool: not installed (pip install -e '.[bench]')")
+        return
+    pool = envpool.make("Reacher-v5", env_type="gymnasium", num_envs=n, num_threads=2, seed=0)
+    pool.reset()
+    start = time.perf_counter()
+    for a in actions:
+        pool.step(a)
+    yield f"envpool × {n}", n * steps / (time.perf_counter() - start)
 
 
 if __name__ == "__main__":
