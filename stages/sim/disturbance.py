@@ -23,12 +23,14 @@ class Disturbance(BaseModel):
 
 
 def peak_forces(model: mujoco.MjModel) -> np.ndarray:
-    """(nv,) each actuated DOF's peak actuator force (|gear| × largest |ctrl|); 0 elsewhere."""
+    """(nv,) each actuated DOF's peak actuator force (|gear| × its force limit, else × gain × largest |ctrl|); 0 elsewhere."""
     force = np.zeros(model.nv)
     for a in range(model.nu):
         if model.actuator_trntype[a] == mujoco.mjtTrn.mjTRN_JOINT:
             dof = model.jnt_dofadr[model.actuator_trnid[a, 0]]
-            force[dof] = abs(model.actuator_gear[a, 0]) * np.abs(model.actuator_ctrlrange[a]).max()
+            peak = (np.abs(model.actuator_forcerange[a]).max() if model.actuator_forcelimited[a]
+                    else abs(model.actuator_gainprm[a, 0]) * np.abs(model.actuator_ctrlrange[a]).max())
+            force[dof] = abs(model.actuator_gear[a, 0]) * peak
     return np.where(actuated_dofs(model), force, 0.0)
 
 

@@ -77,6 +77,8 @@ class BatchedEnv:
         self.obs_bias = np.zeros((num_envs, task.obs_dim), dtype=np.float32)
         max_latency = self.centre.latency_steps + 1
         self._action_queue = np.zeros((max_latency, num_envs, self.nu), dtype=np.float32)
+        self.last_action = np.zeros((num_envs, self.nu), dtype=np.float32)
+        """The policy's latest (clipped) action; what ``observe`` of an ``action_history`` task sees."""
         self.episode_step = np.zeros(num_envs, dtype=np.int64)
         self.episode_return = np.zeros(num_envs)
         self.obs_noise = np.zeros(num_envs)
@@ -94,7 +96,7 @@ class BatchedEnv:
         """Reset the environments in ``mask`` (all by default), re-randomizing their physics."""
         idx = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)
         d = self.disturbance
-        qpos, qvel = spread(*self.task.initial_state(self.rng, len(idx)), self.task.model.qpos0,
+        qpos, qvel = spread(*self.task.initial_state(self.rng, len(idx)), self.task.reference_qpos,
                             self.task.replayed_qpos, d.init_spread)
         if d.obs_bias:
             self.obs_bias[idx] = self.rng.uniform(-d.obs_bias, d.obs_bias, (len(idx), self.task.obs_dim))
@@ -110,12 +112,14 @@ class BatchedEnv:
         self.state[idx, 1 : 1 + self.nq] = qpos
         self.state[idx, 1 + self.nq : 1 + self.nq + self.nv] = qvel
         self._action_queue[:, idx] = 0.0
+        self.last_action[idx] = 0.0
         self.episode_step[idx] = 0
         self.episode_return[idx] = 0.0
         return self.observe()
 
     def observe(self) -> np.ndarray:
-        obs = self.task.observe(self.qpos, self.qvel) + self.obs_bias
+        history = {"last_action": self.last_action} if self.task.action_history else {}
+        obs = self.task.observe(self.qpos, self.qvel, **history) + self.obs_bias
         if self.obs_noise.any():
             obs = obs + (self.rng.standard_normal(obs.shape) * self.obs_noise[:, None]).astype(np.float32)
         return obs
@@ -137,6 +141,8 @@ class BatchedEnv:
     def step(self, action: np.ndarray) -> StepResult:
         """Hold ``action`` (N, nu) for one control period, then compute terms and auto-reset."""
         self._action_queue = self._push(np.asarray(action, dtype=np.float32))
+        history = {"last_action": self.last_action.copy()} if self.task.action_history else {}
+        self.last_action[:] = self._action_queue[0]
         self._control[:, :, : self.nu] = self._controls(self._action_queue)[:, None, :]
         if self.disturbance.push:
             self._control[:, :, self.nu :] = self._push_forces()[:, None, :]
@@ -146,7 +152,7 @@ class BatchedEnv:
         )
         self.state[:] = self._state_out[:, -1]
         qpos, qvel = self.qpos.copy(), self.qvel
-        reward = self.task.reward(qpos, qvel, self._action_queue[0])
+        reward = self.task.reward(qpos, qvel, self._action_queue[0], **history)
         # a NaN state terminates the episode (and would be reported by the caller)
         terminated = ~np.all(np.isfinite(self.state), axis=1)
         if self.terminate:

@@ -1,7 +1,8 @@
 """Physical parameters of a robot model, and pure randomization around them.
 
 Most parameters are multiplicative scales on the nominal MJCF values, so one set of names
-fits every robot: ``damping`` (all joint damping), ``actuator_gain`` (all actuator gears),
+fits every robot: ``damping`` (all joint damping), ``actuator_gain`` (every actuator's strength: a
+motor's torque per unit control, a position servo's stiffness and damping, not its setpoint),
 ``armature`` (all joint armature: reflected rotor inertia), ``mass`` (the masses of the task's
 ``mass_bodies``: scaling every mass together with damping and gain would leave the dynamics
 unchanged, so it is a payload-like scale). ``friction`` is absolute: Coulomb friction (MuJoCo
@@ -23,7 +24,7 @@ class PhysicalParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     damping: float = Field(1.0, gt=0, description="Scale on every joint's damping.")
-    actuator_gain: float = Field(1.0, gt=0, description="Scale on every actuator's gear.")
+    actuator_gain: float = Field(1.0, gt=0, description="Scale on every actuator's gain (motor torque, servo kp and kv).")
     armature: float = Field(1.0, gt=0, description="Scale on every joint's armature.")
     mass: float = Field(1.0, gt=0, description="Scale on the mass of the task's mass bodies.")
     friction: float = Field(0.0, ge=0, description="Coulomb friction added on every actuated joint (N or N m).")
@@ -62,7 +63,10 @@ def apply_params(
     model.dof_damping[:] = nominal.dof_damping * params.damping
     model.dof_armature[:] = nominal.dof_armature * params.armature
     model.dof_frictionloss[:] = nominal.dof_frictionloss + np.where(actuated_dofs(nominal), params.friction, 0.0)
-    model.actuator_gear[:, 0] = nominal.actuator_gear[:, 0] * params.actuator_gain
+    # force = gain·ctrl + bias₁·length + bias₂·velocity: scaling gain and both bias terms scales a motor's
+    # torque and a servo's kp and kv alike, and keeps a servo's setpoint where it was
+    model.actuator_gainprm[:, 0] = nominal.actuator_gainprm[:, 0] * params.actuator_gain
+    model.actuator_biasprm[:, 1:3] = nominal.actuator_biasprm[:, 1:3] * params.actuator_gain
     model.body_mass[:] = nominal.body_mass * scale
     model.body_inertia[:] = nominal.body_inertia * scale[:, None]
     return model

@@ -16,6 +16,8 @@ from stages.sim.task import Task
 _FACTORIES: dict[str, str | Callable[[], Task]] = {
     "cartpole": "stages.sim.cartpole:CartPole",
     "reacher": "stages.sim.reacher:Reacher",
+    "arm6": "stages.sim.arm6:Arm6",
+    "quadruped": "stages.sim.quadruped:Quadruped",
 }
 _BUILT: dict[str, Task] = {}
 

@@ -14,17 +14,20 @@ from stages.sim.params import PhysicalParams, Randomization
 
 @dataclass(frozen=True)
 class Term:
-    """One named observation or action component, with its unit."""
+    """One named observation or action component, with its unit (and, for an action, optionally its joint)."""
 
     name: str
     unit: str
+    joint: str = ""
+    """For an action term: the MJCF joint its actuator drives; when given, registration checks it."""
 
 
 @dataclass(frozen=True)
 class Task:
     """Base class of every task. Subclasses set the fields and implement the vectorized terms.
 
-    Shapes: ``qpos`` (N, nq), ``qvel`` (N, nv), ``action`` (N, nu) in [-1, 1].
+    Shapes: ``qpos`` (N, nq), ``qvel`` (N, nv), ``action`` (N, nu) in [-1, 1]. A task with
+    ``action_history`` also gets ``last_action`` (N, nu) in ``observe`` and ``reward``.
     """
 
     name: str
@@ -41,6 +44,9 @@ class Task:
 
     replayed_joints: tuple[str, ...] = ()
     """Joints whose positions calibration compares with the logs (the robot's own); empty = every joint."""
+    action_history: bool = False
+    """``observe(qpos, qvel, last_action)`` gets the policy action just applied and ``reward(qpos, qvel, action,
+    last_action)`` the one before it (zeros after a reset); the environment keeps them."""
 
     @cached_property
     def replayed_qpos(self) -> np.ndarray:
@@ -58,6 +64,11 @@ class Task:
     def model(self) -> mujoco.MjModel:
         """The nominal MuJoCo model (loaded once)."""
         return mujoco.MjModel.from_xml_path(str(self.mjcf))
+
+    @cached_property
+    def reference_qpos(self) -> np.ndarray:
+        """(nq,) the robot's reference pose, around which ``Disturbance.init_spread`` scales the initial state."""
+        return self.model.qpos0.copy()
 
     @cached_property
     def mass_mask(self) -> np.ndarray:
@@ -116,18 +127,86 @@ class Task:
         """(N,) bool: whether the final state of an episode counts as success (default: always)."""
         return np.ones(len(qpos), dtype=bool)
 
+    def history(self, n: int) -> dict[str, np.ndarray]:
+        """Keyword arguments of ``observe`` and ``reward`` besides the state: ``last_action`` zeros for ``n`` envs."""
+        return {"last_action": np.zeros((n, self.act_dim), dtype=np.float32)} if self.action_history else {}
+
     def validate(self) -> None:
         """Fail at registration with the offending term named."""
         m = self.model
+        for kind, terms in (("observation", self.observations), ("action", self.actions)):
+            if not terms:
+                raise ValueError(f"task {self.name!r}: no {kind} terms")
+            names = [t.name for t in terms]
+            if len(set(names)) != len(names):
+                raise ValueError(f"task {self.name!r}: {kind} term {next(n for n in names if names.count(n) > 1)!r} repeats")
+        if self.decimation < 1 or self.episode_steps < 1:
+            raise ValueError(f"task {self.name!r}: decimation ({self.decimation}) and episode_steps "
+                             f"({self.episode_steps}) must be at least 1")
         if m.nu != self.act_dim:
             raise ValueError(f"task {self.name!r}: {self.act_dim} action terms but the MJCF has {m.nu} actuators")
-        if not np.all(m.actuator_ctrllimited):
-            raise ValueError(f"task {self.name!r}: every actuator needs a ctrlrange")
+        for a, term in enumerate(self.actions):
+            if not m.actuator_ctrllimited[a]:
+                raise ValueError(f"task {self.name!r}: action term {term.name!r}: its actuator needs a ctrlrange")
+            if term.joint:
+                self._check_actuated(a, term)
+        self._check_finite_model()
         self.mass_mask  # noqa: B018 - resolves the body names
         self.replayed_qpos  # noqa: B018 - resolves the joint names
-        qpos, qvel = self.initial_state(np.random.default_rng(0), 2)
-        obs = self.observe(qpos, qvel)
-        if obs.shape != (2, self.obs_dim):
-            raise ValueError(f"task {self.name!r}: observe() gave shape {obs.shape}, expected (N, {self.obs_dim})")
+        self._check_terms()
+
+    def _check_actuated(self, a: int, term: Term) -> None:
+        """Action term ``a`` names the joint that actuator ``a`` drives."""
+        m = self.model
+        joint = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, term.joint)
+        if joint < 0:
+            raise ValueError(f"task {self.name!r}: action term {term.name!r}: joint {term.joint!r} is not in {self.mjcf.name}")
+        driven = m.actuator_trnid[m.actuator_trntype == mujoco.mjtTrn.mjTRN_JOINT, 0]
+        if joint not in driven:
+            raise ValueError(f"task {self.name!r}: action term {term.name!r}: joint {term.joint!r} has no actuator")
+        if m.actuator_trntype[a] != mujoco.mjtTrn.mjTRN_JOINT or m.actuator_trnid[a, 0] != joint:
+            raise ValueError(f"task {self.name!r}: action term {term.name!r} is number {a}, but actuator {a} does not "
+                             f"drive joint {term.joint!r} (action terms follow actuator order)")
+
+    def _check_finite_model(self) -> None:
+        """No NaN/Inf in the physical quantities of the MJCF (names the field and the element)."""
+        m = self.model
+        fields = {"body_mass": mujoco.mjtObj.mjOBJ_BODY, "body_inertia": mujoco.mjtObj.mjOBJ_BODY,
+                  "body_pos": mujoco.mjtObj.mjOBJ_BODY, "dof_damping": None, "dof_armature": None,
+                  "jnt_range": mujoco.mjtObj.mjOBJ_JOINT, "geom_size": mujoco.mjtObj.mjOBJ_GEOM,
+                  "actuator_gear": mujoco.mjtObj.mjOBJ_ACTUATOR, "actuator_gainprm": mujoco.mjtObj.mjOBJ_ACTUATOR,
+                  "actuator_biasprm": mujoco.mjtObj.mjOBJ_ACTUATOR, "actuator_ctrlrange": mujoco.mjtObj.mjOBJ_ACTUATOR,
+                  "qpos0": None}
+        for name, obj in fields.items():
+            values = np.asarray(getattr(m, name)).reshape(len(getattr(m, name)), -1)
+            bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
+            if len(bad):
+                element = (mujoco.mj_id2name(m, obj, int(bad[0])) if obj is not None else None) or f"#{bad[0]}"
+                raise ValueError(f"task {self.name!r}: {self.mjcf.name} has NaN/Inf in {name} of {element}")
+        if not np.isfinite(m.opt.timestep) or m.opt.timestep <= 0:
+            raise ValueError(f"task {self.name!r}: {self.mjcf.name} has timestep {m.opt.timestep}")
+
+    def _check_terms(self) -> None:
+        """The vectorized terms give the declared shapes and finite values at initial states."""
+        m, n = self.model, 2
+        qpos, qvel = self.initial_state(np.random.default_rng(0), n)
+        for name, value, shape in (("initial_state qpos", qpos, (n, m.nq)), ("initial_state qvel", qvel, (n, m.nv))):
+            if np.shape(value) != shape:
+                raise ValueError(f"task {self.name!r}: {name} has shape {np.shape(value)}, expected {shape} (N, "
+                                 f"{'nq' if 'qpos' in name else 'nv'})")
+        history = self.history(n)
+        obs = self.observe(qpos, qvel, **history)
+        if np.shape(obs) != (n, self.obs_dim):
+            raise ValueError(f"task {self.name!r}: observe() gave shape {np.shape(obs)}, expected (N, {self.obs_dim}) "
+                             f"for the observation terms {', '.join(t.name for t in self.observations)}")
         if not np.all(np.isfinite(obs)):
-            raise ValueError(f"task {self.name!r}: observe() gave NaN/Inf at the initial state")
+            term = self.observations[int(np.flatnonzero(~np.isfinite(obs).all(axis=0))[0])].name
+            raise ValueError(f"task {self.name!r}: observe() gave NaN/Inf in observation term {term!r} at the initial state")
+        reward = self.reward(qpos, qvel, np.zeros((n, self.act_dim), dtype=np.float32), **history)
+        if np.shape(reward) != (n,) or not np.all(np.isfinite(reward)):
+            raise ValueError(f"task {self.name!r}: reward() gave {np.asarray(reward)!r}, expected (N,) finite values")
+        for name in ("terminated", "succeeded"):
+            done = getattr(self, name)(qpos, qvel)
+            if np.shape(done) != (n,) or np.asarray(done).dtype != bool:
+                raise ValueError(f"task {self.name!r}: {name}() gave shape {np.shape(done)} dtype "
+                                 f"{np.asarray(done).dtype}, expected (N,) bool")

@@ -1,0 +1,90 @@
+"""Arm6: a 6-DoF arm with position servos reaching a target in 3D.
+
+The target is sampled per episode as the fingertip of a random joint configuration within
+the servo ranges (so it is reachable) and at least 5 cm above the floor. Its position lives
+in qpos (three weightless slide joints, ``assets/arm6.xml``), so logs, replay and evaluation
+see it like any state. The fingertip comes from vectorized forward kinematics of the final
+joint angles (``stages.sim.kinematics``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from stages.sim.kinematics import SitePosition
+from stages.sim.params import Randomization
+from stages.sim.task import Task, Term
+
+ASSETS = Path(__file__).parent / "assets"
+JOINTS = ("shoulder_pan", "shoulder_lift", "elbow", "wrist_pitch", "wrist_roll", "wrist_flex")
+ARM = slice(0, 6)
+"""qpos/qvel of the arm's joints; the target's slide joints follow (``TARGET``)."""
+TARGET = slice(6, 9)
+
+
+@dataclass(frozen=True)
+class Arm6(Task):
+    name: str = "arm6"
+    mjcf: Path = ASSETS / "arm6.xml"
+    observations: tuple[Term, ...] = (
+        *(Term(f"{j}_pos", "rad") for j in JOINTS),
+        *(Term(f"{j}_vel", "rad/s") for j in JOINTS),
+        Term("target_x", "m"), Term("target_y", "m"), Term("target_z", "m"),
+        Term("tip_to_target_x", "m"), Term("tip_to_target_y", "m"), Term("tip_to_target_z", "m"),
+    )
+    # position servo setpoints: ctrl = centre + half-width · action over each servo's ctrlrange (rad)
+    actions: tuple[Term, ...] = tuple(Term(j, "rad setpoint", joint=j) for j in JOINTS)
+    decimation: int = 4  # 5 ms physics, 20 ms control period (50 Hz)
+    episode_steps: int = 100  # 2 s
+    # damping, servo gain and link masses ~ U(1 ± r) around the twin's values
+    randomization: Randomization = field(default_factory=lambda: Randomization(damping=0.2, actuator_gain=0.1, mass=0.15))
+    success_threshold: float = -np.inf
+    mass_bodies: tuple[str, ...] = ("link1", "link2", "link3", "link4", "link5", "link6")
+    replayed_joints: tuple[str, ...] = JOINTS
+    success_distance: float = 0.05
+    """An episode succeeds when it ends with the fingertip within this distance (m) of the target."""
+    control_cost: float = 0.01
+    """Weight of |action|² (deviation of the setpoints from the default pose) in the reward."""
+    min_target_height: float = 0.05
+
+    @cached_property
+    def fingertip(self) -> SitePosition:
+        return SitePosition(self.model, "fingertip")
+
+    @cached_property
+    def reference_qpos(self) -> np.ndarray:
+        """The default pose (the servo ranges' centres), target at the origin."""
+        q = self.model.qpos0.copy()
+        q[ARM] = self.action_default
+        return q
+
+    def initial_state(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        # joints ~ default pose + U(±0.1) rad, at rest; target = fingertip at setpoints ~ U(ctrlrange), above the floor
+        low, high = self.model.actuator_ctrlrange.T
+        qpos = np.tile(self.reference_qpos, (n, 1))
+        qpos[:, ARM] = self.reference_qpos[ARM] + rng.uniform(-0.1, 0.1, (n, 6))
+        target = self.fingertip(np.c_[rng.uniform(low, high, (n, 6)), np.zeros((n, 3))])
+        while (low_z := target[:, 2] < self.min_target_height).any():
+            target[low_z] = self.fingertip(np.c_[rng.uniform(low, high, (int(low_z.sum()), 6)), np.zeros((int(low_z.sum()), 3))])
+        qpos[:, TARGET] = target
+        return qpos, np.zeros((n, self.model.nv))
+
+    def distance(self, qpos: np.ndarray) -> np.ndarray:
+        return np.linalg.norm(self.fingertip(qpos) - qpos[:, TARGET], axis=1)
+
+    def observe(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        delta = qpos[:, TARGET] - self.fingertip(qpos)
+        return np.concatenate([qpos[:, ARM], qvel[:, ARM], qpos[:, TARGET], delta], axis=1).astype(np.float32)
+
+    def reward(self, qpos: np.ndarray, qvel: np.ndarray, action: np.ndarray) -> np.ndarray:
+        return (-self.distance(qpos) - self.control_cost * np.sum(action**2, axis=1)).astype(np.float32)
+
+    def terminated(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        return np.zeros(len(qpos), dtype=bool)
+
+    def succeeded(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        return self.distance(qpos) < self.success_distance
