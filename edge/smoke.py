@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,3 +48,23 @@ def smoke_test(bundle_dir: Path, manifest: dict, iterations: int = 200) -> Smoke
     if p99 > period:
         raise CheckFailed("latency", f"inference p99 {p99 * 1e3:.2f} ms exceeds the control period {period * 1e3:.1f} ms")
     return SmokeResult(runtime.name, err, p50, p99)
+
+
+def main() -> int:
+    """``python3 -m edge.smoke --root STORE``: the smoke test of the active bundle (exit 0 pass, 1 fail), e.g. for a
+    container HEALTHCHECK; run ``sim2edge-agent verify`` first to check its signature."""
+    p = argparse.ArgumentParser(prog="python3 -m edge.smoke", description=main.__doc__)
+    p.add_argument("--root", type=Path, required=True, help="device store")
+    args = p.parse_args()
+    current = args.root / "current"
+    try:
+        result = smoke_test(current, json.loads((current / "manifest.json").read_text()))
+    except (CheckFailed, OSError, ValueError, KeyError) as e:
+        print(f"smoke: FAILED: {e}", file=sys.stderr)
+        return 1
+    print(f"smoke: ok on {result.runtime}, max error {result.max_abs_error:.2g}, p99 {result.latency_p99_s * 1e3:.2f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,6 +31,7 @@ class TargetProfile:
     dla_cores: int
     python: str
     base_images: Tuple[str, ...] = field(default_factory=tuple)
+    onnxruntime_index: str = ""  # pip index with onnxruntime-gpu for this JetPack (Jetson AI Lab); "": PyPI's CPU build
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -40,17 +41,24 @@ class TargetProfile:
 
 PROFILES: Dict[str, TargetProfile] = {p.name: p for p in (
     TargetProfile("orin-jp5.1", "Jetson AGX Orin / Orin NX / Orin Nano", "5.1", (35, 2, 1), (35, 7), "aarch64",
-                  "11.4", "8.5.2", "sm_87", 17, 2, "3.8", ("nvcr.io/nvidia/l4t-jetpack:r35.4.1", "nvcr.io/nvidia/l4t-tensorrt:r8.5.2-runtime")),
+                  "11.4", "8.5.2", "sm_87", 17, 2, "3.8", ("nvcr.io/nvidia/l4t-jetpack:r35.4.1", "nvcr.io/nvidia/l4t-tensorrt:r8.5.2-runtime"),
+                  "https://pypi.jetson-ai-lab.io/jp5/cu114"),
     TargetProfile("xavier-jp5.1", "Jetson AGX Xavier / Xavier NX", "5.1", (35, 2, 1), (35, 7), "aarch64",
-                  "11.4", "8.5.2", "sm_72", 17, 2, "3.8", ("nvcr.io/nvidia/l4t-jetpack:r35.4.1", "nvcr.io/nvidia/l4t-tensorrt:r8.5.2-runtime")),
+                  "11.4", "8.5.2", "sm_72", 17, 2, "3.8", ("nvcr.io/nvidia/l4t-jetpack:r35.4.1", "nvcr.io/nvidia/l4t-tensorrt:r8.5.2-runtime"),
+                  "https://pypi.jetson-ai-lab.io/jp5/cu114"),
     TargetProfile("orin-jp6.0", "Jetson Orin", "6.0", (36, 3), (36, 4), "aarch64",
-                  "12.2", "8.6.2", "sm_87", 17, 2, "3.10", ("nvcr.io/nvidia/l4t-jetpack:r36.3.0", "nvcr.io/nvidia/l4t-tensorrt:r8.6.2-runtime")),
+                  "12.2", "8.6.2", "sm_87", 17, 2, "3.10", ("nvcr.io/nvidia/l4t-jetpack:r36.3.0", "nvcr.io/nvidia/l4t-tensorrt:r8.6.2-runtime"),
+                  "https://pypi.jetson-ai-lab.io/jp6/cu122"),
     TargetProfile("orin-jp6.1", "Jetson Orin", "6.1", (36, 4, 0), (36, 4, 3), "aarch64",
-                  "12.6", "10.3", "sm_87", 20, 2, "3.10", ("nvcr.io/nvidia/l4t-jetpack:r36.4.0", "nvcr.io/nvidia/l4t-tensorrt:r10.3.0-devel")),
+                  "12.6", "10.3", "sm_87", 20, 2, "3.10", ("nvcr.io/nvidia/l4t-jetpack:r36.4.0", "nvcr.io/nvidia/l4t-tensorrt:r10.3.0-devel"),
+                  "https://pypi.jetson-ai-lab.io/jp6/cu126"),
     TargetProfile("orin-jp6.2", "Jetson Orin (+ Super modes)", "6.2", (36, 4, 3), (36, 5), "aarch64",
-                  "12.6", "10.3", "sm_87", 20, 2, "3.10", ("nvcr.io/nvidia/l4t-jetpack:r36.4.0", "nvcr.io/nvidia/l4t-tensorrt:r10.3.0-devel")),
+                  "12.6", "10.3", "sm_87", 20, 2, "3.10", ("nvcr.io/nvidia/l4t-jetpack:r36.4.0", "nvcr.io/nvidia/l4t-tensorrt:r10.3.0-devel"),
+                  "https://pypi.jetson-ai-lab.io/jp6/cu126"),
     TargetProfile("thor-jp7.0", "Jetson AGX Thor", "7.0", (38, 2), (39,), "aarch64",
-                  "13.0", "10.13", "sm_110", 20, 0, "3.12", ()),
+                  "13.0", "10.13", "sm_110", 20, 0, "3.12",
+                  # unverified: JETSON.md lists no r38 image tag; JetPack 7 follows the SBSA CUDA images
+                  ("nvcr.io/nvidia/cuda:13.0.0-runtime-ubuntu24.04",)),
 )}
 
 
