@@ -23,7 +23,8 @@ def pull_options(args: argparse.Namespace):
 
     return PullOptions(TransferOptions(attempts=args.attempts, timeout_s=args.timeout, max_bytes=args.max_bytes,
                                        backoff_base_s=args.retry_base),
-                       backoff_base_s=args.backoff, ignore_backoff=args.ignore_backoff)
+                       backoff_base_s=args.backoff, ignore_backoff=args.ignore_backoff,
+                       retry_failed=args.retry_failed)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -172,6 +173,8 @@ def parser() -> argparse.ArgumentParser:
                     help="trusted Ed25519 public key (PEM); repeat for key rotation")
     pl.add_argument("--skip-target-check", action="store_true",
                     help="development hosts only: install although this is not the bundle's Jetson target")
+    pl.add_argument("--retry-failed", action="store_true",
+                    help="try a version again although its bundle failed a check here before (see failed.json)")
     add_transfer_arguments(pl)
     pl.set_defaults(func=_pull)
     st = sub.add_parser("status", help="show the active policy and where it came from")
@@ -233,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
                     help="report this device's state to the registry under this id (default: the host name)")
     wa.add_argument("--no-report", action="store_true", help="do not report the device's state")
     add_transfer_arguments(wa)
-    wa.set_defaults(func=_watch)
+    wa.set_defaults(func=_watch, retry_failed=False)  # watch never retries a known-bad version
     gc = sub.add_parser("gc", help="delete old installed versions (never current or previous)")
     gc.add_argument("--root", default=DEFAULT_ROOT)
     gc.add_argument("--keep", type=int, default=3, help="versions to keep per policy (default: %(default)s)")

@@ -7,6 +7,12 @@ switches back. The store's lock is held throughout, so two agents never interlea
 Registry unavailable (unreachable, or 5xx after every retry): ``current`` is untouched, the
 error says so, and the failure is counted in ``<root>/backoff.json``: the next pull before
 its ``next_attempt`` time is refused (check ``backoff``) without touching the network.
+
+A version whose bundle fails a check once it is on the device (verification, target, smoke test,
+health check) is remembered by digest in ``<root>/failed.json`` and refused (check ``known-bad``)
+without a download until the registry's digest for it changes or ``retry_failed`` is set. A stored,
+not active copy that no longer verifies is removed and downloaded again; a damaged ``current`` is
+never removed by a pull (check ``corrupt``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class PullOptions:
     backoff_base_s: float = 30.0   # after n failed pulls the next waits ~base·2^(n-1) …
     backoff_cap_s: float = 1800.0  # … at most this long
     ignore_backoff: bool = False
+    retry_failed: bool = False     # try a version again although its bundle (same digest) failed before
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,8 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
         try:
             try:
                 target_ref = client.resolve(ref)
-                result = _pull_locked(store, client, ref, target_ref, registry_url, trusted, skip_target_check)
+                result = _pull_locked(store, client, target_ref, registry_url, trusted, skip_target_check,
+                                      options.retry_failed)
             except RegistryUnavailable as e:
                 state = store.note_unavailable(registry_url, e.detail, options.backoff_base_s, options.backoff_cap_s)
                 current = store.link("current")
@@ -159,70 +167,135 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
                                           f"{state['next_attempt'] - time.time():.1f} s") from None
         except CheckFailed as e:
             if e.check not in ("backoff", "health") and not isinstance(e, RegistryUnavailable):  # health: journaled
-                store.record("refused", ref=ref, check=e.check, detail=e.detail)
+                _record_refusal(store, ref, e)
             raise
         store.clear_backoff()
         return result
 
 
-def _pull_locked(store: DeviceStore, client: RegistryClient, ref: str, target_ref: BundleRef, registry_url: str,
-                 trusted: Iterable, skip_target_check: bool) -> PullResult:
+def _record_refusal(store: DeviceStore, ref: str, e: CheckFailed) -> None:
+    """Journal a refusal, unless the last event is the same refusal (a watch polling a bad version)."""
+    history = store.history()
+    last = history[-1] if history else {}
+    if (last.get("event"), last.get("ref"), last.get("check"), last.get("detail")) != ("refused", ref, e.check,
+                                                                                      e.detail):
+        store.record("refused", ref=ref, check=e.check, detail=e.detail)
+
+
+def _check_current(store: DeviceStore, current: Path, trusted: Iterable) -> None:
+    """The active version is asked for again: it must still verify. Never removed here."""
+    try:
+        bundle.verify_dir(current, trusted)
+    except (CheckFailed, OSError, ValueError) as e:
+        raise CheckFailed("corrupt", f"the active {current.parent.name} v{current.name} at {current} fails "
+                                     f"verification ({e}); pull never removes `current`: roll back or activate "
+                                     f"another version") from None
+
+
+def _check_not_known_bad(store: DeviceStore, target_ref: BundleRef) -> None:
+    bad = store.known_bad(target_ref.policy, target_ref.version, target_ref.sha256)
+    if bad:
+        raise CheckFailed("known-bad", f"{target_ref.policy} v{target_ref.version} (bundle sha256 "
+                                       f"{target_ref.sha256[:12]}…) failed its {bad['check']} check "
+                                       f"{bad['count']} time(s), last: {bad['detail']}; not downloaded again until "
+                                       f"the registry's bundle changes (or pull --retry-failed)")
+
+
+def _stored_copy(store: DeviceStore, installed: Path, trusted: Iterable) -> Optional[dict]:
+    """The manifest of a copy installed by an earlier pull that died before activating, if it still verifies.
+
+    A damaged copy is removed (journaled ``discarded``) so that it is downloaded again, unless it is ``previous``."""
+    if not installed.is_dir():
+        return None
+    try:
+        return bundle.verify_dir(installed, trusted)
+    except (CheckFailed, OSError, ValueError) as e:
+        if installed == store.link("previous"):
+            raise CheckFailed("stored", f"the stored copy {installed} is `previous` and fails verification ({e}); "
+                                        f"not removed") from None
+        store.remove(installed)
+        store.record("discarded", policy=installed.parent.name, version=installed.name, path=str(installed),
+                     detail=str(e)[:500])
+        return None
+
+
+def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleRef, registry_url: str,
+                 trusted: Iterable, skip_target_check: bool, retry_failed: bool) -> PullResult:
     installed = store.bundle_dir(target_ref.policy, target_ref.version)
     part = store.download_part(target_ref.sha256)
     if store.link("current") == installed:
+        _check_current(store, installed, trusted)
         if part.exists():
             part.unlink()  # a crash after activation left it
         return PullResult(target_ref.policy, target_ref.version, installed, False, None)
     check_fresh(store.current_manifest(), target_ref.policy, target_ref.version)
+    if not retry_failed:
+        _check_not_known_bad(store, target_ref)
     staging = store.staging_dir()
-    stats = None
     try:
-        if installed.is_dir():
-            # installed by an earlier pull that died before activating: verify it again, no download
-            candidate = installed
-        else:
-            stats = client.download(target_ref, part, on_chunk=lambda n: crash.point("download"))
-            crash.point("downloaded")
-            candidate = staging / "bundle"
-            candidate.mkdir()
-            try:
-                bundle.extract(part, candidate, max_bytes=4 * target_ref.size + (1 << 20))
-            except CheckFailed:
-                part.unlink()
-                raise
-        manifest = bundle.verify_dir(candidate, trusted)
-        if (manifest["policy"]["name"], str(manifest["policy"]["version"])) != (target_ref.policy, target_ref.version):
-            raise CheckFailed("manifest", f"bundle is {manifest['policy']['name']} v{manifest['policy']['version']}, "
-                                          f"registry said {target_ref.policy} v{target_ref.version}")
-        crash.point("verified")
-        from edge.smoke import smoke_test
-
-        if not skip_target_check:
-            check_compatible(load_target(manifest["target"]["name"]), detect_device())
-        smoke = smoke_test(candidate, manifest)
-        crash.point("smoked")
-        final = installed if candidate == installed else store.install(candidate, target_ref.policy, target_ref.version)
-        runtime = activate_checked(store, final, manifest, remove_on_failure=True)
-        crash.point("activated")
-        store.record("activate", policy=target_ref.policy, version=target_ref.version, source=registry_url,
-                     run_id=target_ref.run_id, bundle_sha256=target_ref.sha256, smoke_p99_s=smoke.latency_p99_s,
-                     runtime=runtime,
-                     target_check=not skip_target_check,
-                     download_attempts=stats.attempts if stats else 0,
-                     resumed_from=stats.resumed_from if stats else 0)
-        crash.point("journaled")
-        if part.exists():
-            part.unlink()
-        return PullResult(target_ref.policy, target_ref.version, final, True, smoke, stats)
+        manifest = _stored_copy(store, installed, trusted)
+        stats = None if manifest else client.download(target_ref, part, on_chunk=lambda n: crash.point("download"))
+        try:
+            return _install_activate(store, target_ref, part, staging, manifest, registry_url, trusted,
+                                     skip_target_check, stats)
+        except CheckFailed as e:
+            store.note_failed(target_ref.policy, target_ref.version, target_ref.sha256, e.check, e.detail)
+            if part.exists():
+                part.unlink()  # known bad: not kept for a resume
+            raise
     finally:
         shutil.rmtree(str(staging), ignore_errors=True)
+
+
+def _install_activate(store: DeviceStore, target_ref: BundleRef, part: Path, staging: Path, manifest: Optional[dict],
+                      registry_url: str, trusted: Iterable, skip_target_check: bool,
+                      stats: Optional[DownloadStats]) -> PullResult:
+    """Unpack (unless ``manifest`` says the stored copy verified), verify, check, smoke-test, install, activate."""
+    installed = store.bundle_dir(target_ref.policy, target_ref.version)
+    if manifest is not None:
+        candidate = installed
+    else:
+        crash.point("downloaded")
+        candidate = staging / "bundle"
+        candidate.mkdir()
+        try:
+            bundle.extract(part, candidate, max_bytes=4 * target_ref.size + (1 << 20))
+        except CheckFailed:
+            part.unlink()
+            raise
+        manifest = bundle.verify_dir(candidate, trusted)
+    if (manifest["policy"]["name"], str(manifest["policy"]["version"])) != (target_ref.policy, target_ref.version):
+        raise CheckFailed("manifest", f"bundle is {manifest['policy']['name']} v{manifest['policy']['version']}, "
+                                      f"registry said {target_ref.policy} v{target_ref.version}")
+    crash.point("verified")
+    from edge.smoke import smoke_test
+
+    if not skip_target_check:
+        check_compatible(load_target(manifest["target"]["name"]), detect_device())
+    smoke = smoke_test(candidate, manifest)
+    crash.point("smoked")
+    final = installed if candidate == installed else store.install(candidate, target_ref.policy, target_ref.version)
+    runtime = activate_checked(store, final, manifest, remove_on_failure=True)
+    crash.point("activated")
+    store.record("activate", policy=target_ref.policy, version=target_ref.version, source=registry_url,
+                 run_id=target_ref.run_id, bundle_sha256=target_ref.sha256, smoke_p99_s=smoke.latency_p99_s,
+                 runtime=runtime,
+                 target_check=not skip_target_check,
+                 download_attempts=stats.attempts if stats else 0,
+                 resumed_from=stats.resumed_from if stats else 0)
+    crash.point("journaled")
+    store.clear_failed(target_ref.policy, target_ref.version)
+    if part.exists():
+        part.unlink()
+    return PullResult(target_ref.policy, target_ref.version, final, True, smoke, stats)
 
 
 def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s: float = 60.0, jitter: float = 0.2,
           skip_target_check: bool = False, options: Optional[PullOptions] = None, iterations: Optional[int] = None,
           rng: Optional[random.Random] = None, device_id: Optional[str] = None) -> None:
     """Poll ``ref`` every ``interval_s`` (× uniform(1-jitter, 1+jitter), so a fleet spreads out) and pull new
-    versions with all of pull's checks. Refusals and outages are reported on stderr and the loop goes on;
+    versions with all of pull's checks. Refusals and outages are reported on stderr (the same one on
+    consecutive polls once) and the loop goes on; a known-bad version is not downloaded again;
     the persisted backoff keeps an unavailable registry from being hammered. With ``device_id``, each poll
     ends with a state report to the registry (edge/report.py), which never stops the loop."""
     from edge.report import Reporter
@@ -234,14 +307,17 @@ def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s
     if device_id:
         reporter = Reporter(root, registry_url, parse_ref(ref)[0], device_id, trusted,
                             timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s)
-    polls = 0
+    polls, last_error = 0, ""
     while True:
         try:
             result = pull(ref, registry_url, root, trusted, skip_target_check, options)
+            last_error = ""
             if result.changed:
                 print(f"watch: activated {result.policy} v{result.version} at {result.path}", flush=True)
         except CheckFailed as e:
-            print(f"watch: {e}", file=sys.stderr, flush=True)
+            if str(e) != last_error:  # the same refusal on every poll is said once
+                print(f"watch: {e}", file=sys.stderr, flush=True)
+            last_error = str(e)
         if reporter is not None:
             reporter.report()
         polls += 1

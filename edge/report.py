@@ -7,7 +7,12 @@ its value is JSON::
     {"device": "jetson-7", "hostname": "jetson-7", "policy": "cartpole", "version": "3",
      "health": "ok", "runtime": "onnxruntime (CPUExecutionProvider)",
      "last_error": {"event": "refused", "check": "hash", "detail": "…", "time": 1764756000.1},
-     "pull_failures": 0, "missed_reports": 0, "time": 1764756060.2}
+     "pull_failures": 0, "missed_reports": 0, "time": 1764756060.2,
+     "last_refusal": {"policy": "cartpole", "version": "4", "bundle_sha256": "…", "check": "health",
+                      "detail": "…", "time": 1764755000.0, "count": 1}}
+
+``last_refusal``: the newest entry of ``<root>/failed.json``, a version the agent will not download
+again until its bundle digest changes (null when there is none).
 
 ``health``: ``ok`` (the active bundle verifies against the pinned keys), ``corrupt`` (it does not;
 ``last_error`` says why), ``rolled-back`` (the last activation failed its health check and the
@@ -75,7 +80,8 @@ def device_state(store: DeviceStore, trusted: Iterable, device_id: str) -> dict:
     return {"device": device_id, "hostname": socket.gethostname(),
             "policy": current.parent.name if current else None, "version": current.name if current else None,
             "health": health, "runtime": runtime, "last_error": last_error,
-            "pull_failures": int(backoff.get("failures", 0)), "time": round(time.time(), 3)}
+            "pull_failures": int(backoff.get("failures", 0)), "time": round(time.time(), 3),
+            "last_refusal": max(store.failed_versions().values(), key=lambda e: e.get("time", 0), default=None)}
 
 
 class Reporter:

@@ -7,6 +7,7 @@
     <root>/tmp/                          staging, on the same filesystem
     <root>/downloads/<sha256>.part       a download in progress (resumed by the next pull)
     <root>/backoff.json                  registry failures and when the next attempt may start
+    <root>/failed.json                   versions whose bundle failed a check, by digest (not retried)
     <root>/lock                          held (flock) by the one agent that may change the store
 
 Crash safety: a bundle directory appears by one rename of a complete, fsynced staging
@@ -149,6 +150,39 @@ class DeviceStore:
         state = self.backoff_state()
         if state is None or state.get("failures"):
             write_atomic(self.backoff_path, json.dumps({"failures": 0}).encode())
+
+    # -- versions whose bundle failed verification, the smoke test or the health check: not downloaded again
+    @property
+    def failed_path(self) -> Path:
+        return self.root / "failed.json"
+
+    def failed_versions(self) -> dict:
+        """``{"<policy>/<version>": {policy, version, bundle_sha256, check, detail, time, count}}``."""
+        try:
+            return json.loads(self.failed_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def known_bad(self, policy: str, version: str, sha256: str) -> Optional[dict]:
+        """The failure recorded for this version, if its bundle had this same digest."""
+        entry = self.failed_versions().get(f"{policy}/{version}")
+        return entry if entry and entry.get("bundle_sha256") == sha256 else None
+
+    def note_failed(self, policy: str, version: str, sha256: str, check: str, detail: str) -> dict:
+        """Remember that this version's bundle (by digest) failed ``check``; counts repeats of the same digest."""
+        failed = self.failed_versions()
+        old = self.known_bad(policy, version, sha256)
+        entry = {"policy": policy, "version": version, "bundle_sha256": sha256, "check": check,
+                 "detail": detail[:500], "time": time.time(), "count": (old["count"] if old else 0) + 1}
+        failed[f"{policy}/{version}"] = entry
+        write_atomic(self.failed_path, json.dumps(failed, sort_keys=True).encode())
+        return entry
+
+    def clear_failed(self, policy: str, version: str) -> None:
+        """Forget a failure (the version was activated after all)."""
+        failed = self.failed_versions()
+        if failed.pop(f"{policy}/{version}", None) is not None:
+            write_atomic(self.failed_path, json.dumps(failed, sort_keys=True).encode())
 
     def link(self, name: str) -> Optional[Path]:
         """Where ``current`` or ``previous`` points, or None."""

@@ -54,9 +54,12 @@ def test_health_failure_after_the_switch_rolls_back(mlflow_server, policy, tmp_p
     event = store.history()[-1]
     assert event["event"] == "health-rollback" and event["version"] == "3" and event["restored"].endswith("/2")
     assert not list((root / "tmp").iterdir()) and not [p for p in root.iterdir() if p.name.endswith(".tmp")]
-    # the fault is gone: the same version downloads again and activates
+    # the fault is gone: the same bundle is known bad until asked for explicitly, then downloads and activates
     monkeypatch.delenv(crash.CORRUPT_ENV)
-    assert _pull(name, 3, mlflow_server, root, trusted).changed
+    with pytest.raises(CheckFailed, match=rf"^known-bad: {name} v3 .*failed its health check 1 time\(s\)"):
+        _pull(name, 3, mlflow_server, root, trusted)
+    assert pull(f"{name}@3", mlflow_server, root, trusted, skip_target_check=True,
+                options=PullOptions(FAST.transfer, retry_failed=True)).changed
     assert store.current_manifest()["policy"]["version"] == "3"
     assert store.history()[-1]["runtime"] == "onnxruntime (CPUExecutionProvider)"
 
