@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from edge.errors import CheckFailed
-from edge.runtime import OnnxRuntime
+from edge.runtime import select_runtime
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,8 @@ class SmokeResult:
 
 def smoke_test(bundle_dir: Path, manifest: dict, iterations: int = 200) -> SmokeResult:
     """Run the bundle's golden inputs and a latency loop; raise :class:`CheckFailed` on failure."""
-    runtime = OnnxRuntime(bundle_dir / "policy.onnx", manifest["runtime"]["onnxruntime_providers"])
+    selection = select_runtime(bundle_dir / "policy.onnx", manifest)  # TensorRT → ORT CUDA → ORT CPU
+    runtime = selection.runtime
     golden = np.load(bundle_dir / "golden.npz")
     inputs = golden["inputs"].astype(np.float32)
     fixed = manifest.get("io", {}).get("input", {}).get("shape", [-1])[0]  # a graph with a fixed batch (e.g. 1)
@@ -34,7 +35,8 @@ def smoke_test(bundle_dir: Path, manifest: dict, iterations: int = 200) -> Smoke
     if out.shape != golden["outputs"].shape:
         raise CheckFailed("smoke", f"output shape {out.shape} != golden {golden['outputs'].shape}")
     err = float(np.max(np.abs(out - golden["outputs"])))
-    tol = manifest["parity_tolerance"]["fp32"]
+    precision = runtime.key.precision if runtime.name == "tensorrt" else "fp32"  # FP16 engines: the looser tolerance
+    tol = manifest["parity_tolerance"][precision]
     if not err <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(golden["outputs"]))):
         raise CheckFailed("smoke", f"golden outputs differ by {err:.3g} (tolerance atol {tol['atol']}, rtol {tol['rtol']})")
     one = golden["inputs"][:1].astype(np.float32)
@@ -47,7 +49,7 @@ def smoke_test(bundle_dir: Path, manifest: dict, iterations: int = 200) -> Smoke
     period = manifest["control"]["period_s"]
     if p99 > period:
         raise CheckFailed("latency", f"inference p99 {p99 * 1e3:.2f} ms exceeds the control period {period * 1e3:.1f} ms")
-    return SmokeResult(runtime.name, err, p50, p99)
+    return SmokeResult(selection.describe(), err, p50, p99)
 
 
 def main() -> int:

@@ -100,3 +100,15 @@ def check_parity(cfg: ExportConfig, reference: str, expected: np.ndarray, got: n
         raise ParityError(f"ONNX Runtime vs {reference}: max error {err.max():.3g} > tolerance "
                           f"(atol {cfg.atol}, rtol {cfg.rtol}) at input {x[worst].tolist()}")
     return float(err.max())
+
+
+def build_engines(exported: ExportedPolicy, cache_dir: Path, precisions: tuple[str, ...] = ("fp16",),
+                  dla_core: int | None = None) -> list[Path]:
+    """On a GPU build host that matches the target: TensorRT plans for ``exported`` (the device's own code,
+    :mod:`edge.tensorrt`), cached under ``cache_dir`` by (TensorRT, compute capability, precision, ONNX digest).
+    Pass the returned paths to ``package(..., engines=…)``; a device uses a plan only on an exact key match."""
+    from edge.tensorrt import EngineCache
+
+    cache = EngineCache(cache_dir)
+    return [cache.path(cache.get_or_build(exported.path, exported.digest, p, dla_core if p == "fp16" else None)[0])
+            for p in precisions]

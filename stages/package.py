@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Sequence
 
 import onnx
 from pydantic import BaseModel, ConfigDict, Field
@@ -71,11 +72,14 @@ def build_manifest(cfg: PackageConfig, policy_name: str, version: str, exported:
     }
 
 
-def package(cfg: PackageConfig, manifest: dict, exported: ExportedPolicy, keys_dir: Path, out: Path) -> BundleArtifact:
-    """Check the graph against the target's TensorRT, then write the signed bundle ``out`` (one tar) atomically."""
+def package(cfg: PackageConfig, manifest: dict, exported: ExportedPolicy, keys_dir: Path, out: Path,
+            engines: Sequence[Path] = ()) -> BundleArtifact:
+    """Check the graph against the target's TensorRT, then write the signed bundle ``out`` (one tar) atomically.
+    ``engines``: prebuilt plans (``stages.export.build_engines``), stored as ``engines/<key>.plan``."""
     check_onnx_support(exported.path, load_target(cfg.target))
     key = workspace_key(keys_dir)
-    files = {"policy.onnx": exported.path.read_bytes(), "golden.npz": exported.golden.read_bytes()}
+    files = {"policy.onnx": exported.path.read_bytes(), "golden.npz": exported.golden.read_bytes(),
+             **{f"engines/{p.name}": p.read_bytes() for p in engines}}
     digest = bundle.write_bundle(out, files, manifest, key.sign)
     return BundleArtifact(path=out, digest=digest, target=cfg.target, policy=manifest["policy"]["name"],
                           version=manifest["policy"]["version"])
