@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test up browser
+.PHONY: setup run test up browser docker
 
 setup: $(STAMP)
 
@@ -26,5 +26,11 @@ browser:
 	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q chromium >/dev/null \
 		|| { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || true
 
-test: setup browser
+# Debian's Docker engine and registry for the image tests (as root; elsewhere those tests skip and say why)
+docker:
+	@{ command -v dockerd >/dev/null && command -v docker-registry >/dev/null; } || [ "$$(id -u)" != 0 ] \
+		|| apt-get install -y -q docker.io docker-registry >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q docker.io docker-registry >/dev/null; } || true
+
+test: setup browser docker
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
