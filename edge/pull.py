@@ -182,7 +182,7 @@ def _record_refusal(store: DeviceStore, ref: str, e: CheckFailed) -> None:
         store.record("refused", ref=ref, check=e.check, detail=e.detail)
 
 
-def _check_current(store: DeviceStore, current: Path, trusted: Iterable) -> None:
+def _check_current(current: Path, trusted: Iterable) -> None:
     """The active version is asked for again: it must still verify. Never removed here."""
     try:
         bundle.verify_dir(current, trusted)
@@ -224,7 +224,7 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleR
     installed = store.bundle_dir(target_ref.policy, target_ref.version)
     part = store.download_part(target_ref.sha256)
     if store.link("current") == installed:
-        _check_current(store, installed, trusted)
+        _check_current(installed, trusted)
         if part.exists():
             part.unlink()  # a crash after activation left it
         return PullResult(target_ref.policy, target_ref.version, installed, False, None)
