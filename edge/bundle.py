@@ -1,7 +1,9 @@
 """The bundle: one tar file, the contract between the pipeline and the device.
 
 Members: ``manifest.json``, ``manifest.sig`` (detached Ed25519 over the manifest's exact
-bytes), ``policy.onnx``, ``golden.npz``, and optional ``engines/<key>.plan``. The
+bytes), ``policy.onnx``, ``golden.npz``, and optional ``polygraphy_inputs.json`` /
+``polygraphy_outputs.json`` (the golden rows in Polygraphy's formats, for ``polygraphy run
+--load-inputs/--load-outputs`` on the device) and ``engines/<key>.plan``. The
 manifest lists every other member's sha256 and length. The writer and the reader live
 here together so they cannot drift; the pipeline writes through :func:`write_bundle`.
 """

@@ -72,6 +72,25 @@ def build_manifest(cfg: PackageConfig, policy_name: str, version: str, exported:
     }
 
 
+def polygraphy_files(exported: ExportedPolicy, rows: int = 16) -> dict[str, bytes]:
+    """The golden inputs and reference outputs in Polygraphy's JSON formats, one row per iteration, so a device
+    repeats the build host's comparison: ``polygraphy run policy.onnx --trt --load-inputs polygraphy_inputs.json
+    --load-outputs polygraphy_outputs.json`` (``--fp16 --atol 1e-2`` for FP16)."""
+    import numpy as np
+    from polygraphy.comparator import RunResults
+    from polygraphy.comparator.struct import IterationResult
+    from polygraphy.json import to_json
+
+    graph = onnx.load(str(exported.path), load_external_data=False).graph
+    golden = np.load(exported.golden)
+    inputs = [{graph.input[0].name: golden["inputs"][i:i + 1]} for i in range(min(rows, len(golden["inputs"])))]
+    results = RunResults()
+    results.append(("onnxrt-runner-build-host", [IterationResult({graph.output[0].name: golden["outputs"][i:i + 1]},
+                                                                 runner_name="onnxrt-runner-build-host")
+                                                 for i in range(len(inputs))]))
+    return {"polygraphy_inputs.json": to_json(inputs).encode(), "polygraphy_outputs.json": to_json(results).encode()}
+
+
 def package(cfg: PackageConfig, manifest: dict, exported: ExportedPolicy, keys_dir: Path, out: Path,
             engines: Sequence[Path] = ()) -> BundleArtifact:
     """Check the graph against the target's TensorRT, then write the signed bundle ``out`` (one tar) atomically.
@@ -79,7 +98,7 @@ def package(cfg: PackageConfig, manifest: dict, exported: ExportedPolicy, keys_d
     check_onnx_support(exported.path, load_target(cfg.target))
     key = workspace_key(keys_dir)
     files = {"policy.onnx": exported.path.read_bytes(), "golden.npz": exported.golden.read_bytes(),
-             **{f"engines/{p.name}": p.read_bytes() for p in engines}}
+             **polygraphy_files(exported), **{f"engines/{p.name}": p.read_bytes() for p in engines}}
     digest = bundle.write_bundle(out, files, manifest, key.sign)
     return BundleArtifact(path=out, digest=digest, target=cfg.target, policy=manifest["policy"]["name"],
                           version=manifest["policy"]["version"])

@@ -6,6 +6,11 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,3 +120,33 @@ def test_keys_cli_and_the_private_key_never_leaks(tmp_path):
     for name, data in blobs.items():
         for form in private_forms(pem):
             assert form not in data, f"private key material found in {name}"
+
+
+def test_polygraphy_repeats_the_build_hosts_comparison_from_the_bundle(exported, keys, tmp_path):
+    """`polygraphy run --onnxrt --load-inputs/--load-outputs` (what a device runs with --trt) on the bundle's files."""
+    from polygraphy.comparator import RunResults
+
+    art = make(exported, keys, "orin-jp6.1", tmp_path / "b.tar")
+    x = tmp_path / "x"
+    x.mkdir()
+    bundle.extract(art.path, x, 1 << 26)
+    manifest = bundle.verify_dir(x, signing.load_trusted([keys / "signing.pub"]))
+    assert {"polygraphy_inputs.json", "polygraphy_outputs.json"} <= set(manifest["files"])
+    polygraphy = shutil.which("polygraphy", path=str(Path(sys.executable).parent))
+
+    def compare(outputs: Path):
+        return subprocess.run([polygraphy, "run", str(x / "policy.onnx"), "--onnxrt", "--load-inputs",
+                               str(x / "polygraphy_inputs.json"), "--load-outputs", str(outputs), "--atol", "1e-5",
+                               "--rtol", "1e-4"], capture_output=True, text=True, timeout=300)
+
+    ok = compare(x / "polygraphy_outputs.json")
+    assert ok.returncode == 0 and "PASSED" in ok.stdout + ok.stderr, ok.stdout[-2000:] + ok.stderr[-2000:]
+    results = RunResults.load(str(x / "polygraphy_outputs.json"))
+    for _, iterations in results:
+        for it in iterations:
+            for name in it.keys():
+                it[name] = it[name] + 0.5  # a reference the model does not reproduce
+    results.save(str(tmp_path / "wrong.json"))
+    bad = compare(tmp_path / "wrong.json")
+    assert bad.returncode != 0 and "FAILED" in bad.stdout + bad.stderr
+    json.loads((x / "polygraphy_inputs.json").read_text())  # plain JSON a device can read without polygraphy
