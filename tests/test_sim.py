@@ -13,13 +13,18 @@ from stages.sim.params import PhysicalParams, Randomization, sample_params
 @pytest.mark.parametrize("name", registry.names())
 def test_task_builds_resets_and_steps(name):
     task = registry.load(name)
+    m = task.model
+    assert task.obs_dim == len(task.observations) and task.act_dim == len(task.actions) == m.nu
+    assert task.ctrl_dt == pytest.approx(m.opt.timestep * task.decimation)
     env = BatchedEnv(task, 8, randomization=task.randomization, seed=0)
     obs = env.reset()
-    assert obs.shape == (8, task.obs_dim)
+    assert obs.shape == (8, task.obs_dim) and env.qpos.shape == (8, m.nq) and env.qvel.shape == (8, m.nv)
+    rng = np.random.default_rng(1)
     for _ in range(20):
-        r = env.step(np.random.default_rng(1).uniform(-1, 1, (8, task.act_dim)))
-        assert r.obs.shape == (8, task.obs_dim) and r.reward.shape == (8,)
-        assert np.all(np.isfinite(r.obs)) and np.all(np.isfinite(r.reward))
+        r = env.step(rng.uniform(-1, 1, (8, task.act_dim)))
+        assert r.obs.shape == (8, task.obs_dim) and r.reward.shape == (8,) and r.terminated.dtype == bool
+        assert np.all(np.isfinite(r.obs)) and np.all(np.isfinite(r.reward)) and np.all(np.isfinite(env.state))
+    assert np.all(task.action_scale > 0) and task.action_default.shape == (task.act_dim,)
 
 
 @pytest.mark.parametrize("name", registry.names())
@@ -27,8 +32,11 @@ def test_randomization_changes_the_model(name):
     task = registry.load(name)
     env = BatchedEnv(task, 4, randomization=task.randomization, seed=0)
     damping = np.stack([m.dof_damping for m in env.models])
-    assert not np.allclose(damping[0], damping[1])
-    assert not np.allclose(env.models[0].body_mass, task.model.body_mass)
+    gain = np.stack([m.actuator_gainprm[:, 0] for m in env.models])
+    assert not np.allclose(damping[0], damping[1]) and not np.allclose(gain[0], gain[1])
+    mass = task.mass_mask
+    assert not np.allclose(env.models[0].body_mass[mass], task.model.body_mass[mass])
+    assert np.array_equal(env.models[0].body_mass[~mass], task.model.body_mass[~mass])
 
 
 @pytest.mark.parametrize("name", registry.names())
@@ -45,7 +53,7 @@ def test_seeded_replay_is_identical(name):
 
 
 def test_unknown_task_lists_valid_names():
-    with pytest.raises(KeyError, match="valid tasks: cartpole"):
+    with pytest.raises(KeyError, match="valid tasks: arm6, cartpole, quadruped, reacher"):
         registry.load("no-such-robot")
 
 
@@ -66,19 +74,3 @@ def test_action_latency_delays_the_applied_control():
     env.step(np.array([[0.7]]))
     applied.append(env.controls_preview(np.array([[0.9]])).item())
     assert applied == [0.0, 0.5]
-
-
-def test_malformed_task_fails_at_registration(monkeypatch):
-    from dataclasses import dataclass
-
-    from stages.sim.cartpole import CartPole
-    from stages.sim.task import Term
-
-    @dataclass(frozen=True)
-    class TwoActions(CartPole):
-        name: str = "two-actions"
-        actions: tuple = (Term("slide", "N"), Term("ghost", "N"))
-
-    monkeypatch.setitem(registry._FACTORIES, "two-actions", TwoActions)
-    with pytest.raises(ValueError, match="2 action terms but the MJCF has 1 actuators"):
-        registry.load("two-actions")

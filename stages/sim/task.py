@@ -203,8 +203,10 @@ class Task:
             term = self.observations[int(np.flatnonzero(~np.isfinite(obs).all(axis=0))[0])].name
             raise ValueError(f"task {self.name!r}: observe() gave NaN/Inf in observation term {term!r} at the initial state")
         reward = self.reward(qpos, qvel, np.zeros((n, self.act_dim), dtype=np.float32), **history)
-        if np.shape(reward) != (n,) or not np.all(np.isfinite(reward)):
-            raise ValueError(f"task {self.name!r}: reward() gave {np.asarray(reward)!r}, expected (N,) finite values")
+        if np.shape(reward) != (n,):
+            raise ValueError(f"task {self.name!r}: reward() gave shape {np.shape(reward)}, expected (N,)")
+        if not np.all(np.isfinite(reward)):
+            raise ValueError(f"task {self.name!r}: reward() gave NaN/Inf at the initial state")
         for name in ("terminated", "succeeded"):
             done = getattr(self, name)(qpos, qvel)
             if np.shape(done) != (n,) or np.asarray(done).dtype != bool:

@@ -1,0 +1,125 @@
+"""A malformed task fails at registration, and the error names the term, field or value at fault."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stages.sim import registry
+from stages.sim.arm6 import Arm6
+from stages.sim.cartpole import ASSETS, CartPole
+from stages.sim.task import Term
+
+
+def register(monkeypatch, cls) -> None:
+    monkeypatch.setitem(registry._FACTORIES, "broken", cls)
+    monkeypatch.delitem(registry._BUILT, "broken", raising=False)
+
+
+def fails(monkeypatch, cls, match: str) -> None:
+    register(monkeypatch, cls)
+    with pytest.raises(ValueError, match=match):
+        registry.load("broken")
+    assert "broken" not in registry._BUILT
+
+
+def test_action_count_must_match_the_actuators(monkeypatch):
+    @dataclass(frozen=True)
+    class TwoActions(CartPole):
+        actions: tuple = (Term("slide", "N"), Term("ghost", "N"))
+
+    fails(monkeypatch, TwoActions, "2 action terms but the MJCF has 1 actuators")
+
+
+def test_missing_and_repeated_terms_are_named(monkeypatch):
+    @dataclass(frozen=True)
+    class NoObservations(CartPole):
+        observations: tuple = ()
+
+    @dataclass(frozen=True)
+    class Repeated(CartPole):
+        observations: tuple = (Term("cart_pos", "m"), Term("pole_cos", "1"), Term("pole_sin", "1"),
+                               Term("cart_pos", "m"), Term("pole_angvel", "rad/s"))
+
+    fails(monkeypatch, NoObservations, "no observation terms")
+    fails(monkeypatch, Repeated, "observation term 'cart_pos' repeats")
+
+
+def test_an_action_on_a_joint_without_actuator_is_refused(monkeypatch):
+    base = Arm6().actions
+
+    @dataclass(frozen=True)
+    class OnTarget(Arm6):
+        actions: tuple = (*base[:5], Term("wrist_flex", "rad", joint="target_x"))
+
+    @dataclass(frozen=True)
+    class Unknown(Arm6):
+        actions: tuple = (*base[:5], Term("wrist_flex", "rad", joint="gripper"))
+
+    @dataclass(frozen=True)
+    class Swapped(Arm6):
+        actions: tuple = (base[1], base[0], *base[2:])
+
+    fails(monkeypatch, OnTarget, "action term 'wrist_flex': joint 'target_x' has no actuator")
+    fails(monkeypatch, Unknown, "action term 'wrist_flex': joint 'gripper' is not in arm6.xml")
+    fails(monkeypatch, Swapped, "action term 'shoulder_lift' is number 0, but actuator 0 does not drive joint 'shoulder_lift'")
+
+
+def test_nan_in_the_model_is_named(monkeypatch, tmp_path):
+    xml = tmp_path / "nan_cartpole.xml"
+    xml.write_text((ASSETS / "cartpole.xml").read_text().replace('axis="0 1 0" damping="0.05"', 'axis="0 1 0" damping="nan"'))
+
+    @dataclass(frozen=True)
+    class NanDamping(CartPole):
+        mjcf: Path = xml
+
+    fails(monkeypatch, NanDamping, "nan_cartpole.xml has NaN/Inf in dof_damping of #1")
+
+
+def test_wrong_shapes_and_nan_terms_are_named(monkeypatch):
+    @dataclass(frozen=True)
+    class ShortObservation(CartPole):
+        def observe(self, qpos, qvel):
+            return super().observe(qpos, qvel)[:, :4]
+
+    @dataclass(frozen=True)
+    class NanTerm(CartPole):
+        def observe(self, qpos, qvel):
+            obs = super().observe(qpos, qvel)
+            obs[:, 3] = np.nan
+            return obs
+
+    @dataclass(frozen=True)
+    class ColumnReward(CartPole):
+        def reward(self, qpos, qvel, action):
+            return super().reward(qpos, qvel, action)[:, None]
+
+    @dataclass(frozen=True)
+    class WrongState(CartPole):
+        def initial_state(self, rng, n):
+            qpos, qvel = super().initial_state(rng, n)
+            return qpos[:, :1], qvel
+
+    @dataclass(frozen=True)
+    class FloatTermination(CartPole):
+        def terminated(self, qpos, qvel):
+            return np.zeros(len(qpos))
+
+    fails(monkeypatch, ShortObservation, r"observe\(\) gave shape \(2, 4\), expected \(N, 5\) for the observation "
+                                         r"terms cart_pos, pole_cos")
+    fails(monkeypatch, NanTerm, "NaN/Inf in observation term 'cart_vel'")
+    fails(monkeypatch, ColumnReward, r"reward\(\) gave shape \(2, 1\), expected \(N,\)")
+    fails(monkeypatch, WrongState, r"initial_state qpos has shape \(2, 1\), expected \(2, 2\)")
+    fails(monkeypatch, FloatTermination, r"terminated\(\) gave shape \(2,\) dtype float64, expected \(N,\) bool")
+
+
+def test_a_well_formed_subclass_registers(monkeypatch):
+    @dataclass(frozen=True)
+    class Longer(CartPole):
+        episode_steps: int = 300
+
+    register(monkeypatch, Longer)
+    assert registry.load("broken").episode_steps == 300
