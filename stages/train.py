@@ -8,6 +8,7 @@ rsl_rl's format (``actor_state_dict`` incl. the observation normalizer, ``critic
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from pathlib import Path
@@ -52,7 +53,7 @@ class TrainConfig(BaseModel):
 
 
 class NonFiniteTraining(RuntimeError):
-    """Training produced NaN/Inf; the last good checkpoint is kept."""
+    """Training produced NaN/Inf; the last good checkpoint (before the failing iteration) is written."""
 
 
 class RslRlEnv(VecEnv):
@@ -151,18 +152,26 @@ def train(
     last_return = -math.inf
     iterations = cfg.iterations
     for it in range(cfg.iterations):
+        good = copy.deepcopy(alg.save())  # the state after the last finite update (normalizer included)
         start = time.perf_counter()
-        with torch.inference_mode():
-            for _ in range(cfg.steps_per_env):
-                actions = alg.act(obs)
-                obs, rewards, dones, extras = vec_env.step(actions)
-                alg.process_env_step(obs, rewards, dones, extras)
-            alg.compute_returns(obs)
-        collect = time.perf_counter() - start
-        losses = alg.update()
-        update = time.perf_counter() - start - collect
+        try:
+            with torch.inference_mode():
+                for _ in range(cfg.steps_per_env):
+                    actions = alg.act(obs)
+                    obs, rewards, dones, extras = vec_env.step(actions)
+                    alg.process_env_step(obs, rewards, dones, extras)
+                alg.compute_returns(obs)
+            collect = time.perf_counter() - start
+            losses = alg.update()
+        except (ValueError, RuntimeError):  # torch refuses to sample from a NaN mean or std mid-update
+            if all_finite(alg):
+                raise
+            losses = {"parameters": math.nan}
         if not all(math.isfinite(v) for v in losses.values()):
-            raise NonFiniteTraining(f"iteration {it}: non-finite loss {losses}; last good checkpoint kept in {out_dir}")
+            ckpt = save_checkpoint(good, it, cfg, out_dir, last_return)
+            raise NonFiniteTraining(f"iteration {it}: training diverged (NaN/Inf in {', '.join(losses)}); the last good "
+                                    f"checkpoint (after {it} iterations) is {ckpt.path}")
+        update = time.perf_counter() - start - collect
         if vec_env.finished_returns:
             last_return = float(np.mean(vec_env.finished_returns))
         metrics = {
@@ -172,7 +181,6 @@ def train(
             "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect,
             "collect_time_s": collect,
             "update_time_s": update,
-            "sample_time_share": collect / (collect + update),
             **{f"loss_{k}": float(v) for k, v in losses.items()},
         }
         vec_env.finished_returns.clear()
@@ -186,12 +194,23 @@ def train(
         if cfg.target_return is not None and metrics.get("eval_return", -math.inf) >= cfg.target_return:
             iterations = it + 1
             break
+    return save_checkpoint(alg.save(), iterations, cfg, out_dir, last_return)
+
+
+def all_finite(alg: PPO) -> bool:
+    """Whether every weight and normalizer statistic of the actor and critic is finite."""
+    tensors = [*alg.actor.state_dict().values(), *alg.critic.state_dict().values()]
+    return all(bool(torch.isfinite(t).all()) for t in tensors if t.is_floating_point())
+
+
+def save_checkpoint(state: dict, iterations: int, cfg: TrainConfig, out_dir: Path, final_return: float) -> Checkpoint:
+    """Write ``state`` (``PPO.save()``) as ``out_dir/model.pt`` in rsl_rl's format, atomically."""
     infos = {"task": cfg.task, "hidden_dims": list(cfg.hidden_dims), "config": cfg.model_dump(mode="json")}
     with atomic_dir(out_dir) as tmp:
-        torch.save({**alg.save(), "iter": iterations, "infos": infos}, tmp / "model.pt")
+        torch.save({**state, "iter": iterations, "infos": infos}, tmp / "model.pt")
     path = out_dir / "model.pt"
     return Checkpoint(path=path, digest=sha256_path(path), task=cfg.task, iterations=iterations,
-                      final_return=last_return, hidden_dims=cfg.hidden_dims)
+                      final_return=final_return, hidden_dims=cfg.hidden_dims)
 
 
 def load_actor(checkpoint: Path) -> torch.nn.Module:

@@ -1,13 +1,21 @@
-"""Stage caching: an unchanged re-run reuses finished stages; a run that failed at evaluation resumes there."""
+"""Stage caching: an unchanged re-run reuses finished stages; a run that failed at evaluation resumes there.
+A diverging training run stops with a clear error and leaves its last good checkpoint."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from flows.params import SimToEdgeParams
+from stages.sim import registry
+from stages.sim.cartpole import CartPole
+from stages.sim.params import PhysicalParams
+from stages.train import NonFiniteTraining, TrainConfig, load_actor, train
 
-pytestmark = pytest.mark.slow
 PARAMS = SimToEdgeParams(iterations=4, num_envs=32, eval_episodes=8, seed=11)
 
 
@@ -23,6 +31,7 @@ def _latest_parent(client: MlflowClient) -> str:
     return runs[0].info.run_id
 
 
+@pytest.mark.slow
 def test_failed_evaluation_resumes_without_retraining(mlflow_server, prefect_harness, monkeypatch):
     import flows.stage_tasks as stage_tasks
     from flows.sim_to_edge import sim_to_edge
@@ -66,6 +75,7 @@ def test_only_network_and_registry_failures_are_retried():
     assert not transient(None, None, Failed(data=MlflowException("RESOURCE_DOES_NOT_EXIST", error_code="RESOURCE_DOES_NOT_EXIST")))
 
 
+@pytest.mark.slow
 def test_training_seeds_fan_out_and_the_best_is_exported(mlflow_server, prefect_harness, tmp_path):
     import json
 
@@ -86,3 +96,33 @@ def test_training_seeds_fan_out_and_the_best_is_exported(mlflow_server, prefect_
     import torch
 
     assert torch.load(ckpt, weights_only=False)["infos"]["config"]["seed"] == int(chosen.data.params["seed"])
+
+
+TINY = TrainConfig(iterations=5, num_envs=8, steps_per_env=8, hidden_dims=(16,))
+
+
+@dataclass(frozen=True)
+class Diverging(CartPole):
+    """Cart-pole whose reward turns NaN after ``healthy_steps`` control steps (a blown-up reward term)."""
+
+    healthy_steps: int = 2 * TINY.steps_per_env
+    calls: list = field(default_factory=lambda: [-1])  # registration's check calls reward() once
+
+    def reward(self, qpos, qvel, action):
+        self.calls[0] += 1
+        r = super().reward(qpos, qvel, action)
+        return r * np.nan if self.calls[0] > self.healthy_steps else r
+
+
+def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(monkeypatch, tmp_path):
+    monkeypatch.setitem(registry._FACTORIES, "diverging", Diverging)
+    monkeypatch.delitem(registry._BUILT, "diverging", raising=False)
+    with pytest.raises(NonFiniteTraining, match=r"iteration 2: training diverged .* last good checkpoint \(after 2 "
+                                                r"iterations\) is .*model.pt"):
+        train(TINY.model_copy(update={"task": "diverging"}), PhysicalParams(), tmp_path / "diverged")
+    saved = torch.load(tmp_path / "diverged" / "model.pt", weights_only=False)
+    assert saved["iter"] == 2
+    healthy = train(TINY.model_copy(update={"iterations": 2}), PhysicalParams(), tmp_path / "healthy")
+    reference = torch.load(healthy.path, weights_only=False)["actor_state_dict"]
+    assert all(torch.equal(saved["actor_state_dict"][k], reference[k]) for k in reference)  # the state before the NaN
+    assert all(torch.isfinite(p).all() for p in load_actor(tmp_path / "diverged" / "model.pt").parameters())
