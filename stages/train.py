@@ -181,6 +181,7 @@ def train(
             "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect,
             "collect_time_s": collect,
             "update_time_s": update,
+            "sample_time_share": collect / (collect + update),
             **{f"loss_{k}": float(v) for k, v in losses.items()},
         }
         vec_env.finished_returns.clear()
