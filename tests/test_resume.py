@@ -63,6 +63,7 @@ def test_failed_evaluation_resumes_without_retraining(mlflow_server, prefect_har
     assert again.stage_seconds["train"] < 5
 
 
+@pytest.mark.slow
 def test_only_network_and_registry_failures_are_retried():
     from mlflow.exceptions import MlflowException
     from prefect.states import Failed
