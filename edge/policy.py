@@ -9,16 +9,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
-from edge.runtime import OnnxRuntime
+from edge.runtime import select_runtime
 from edge.store import DeviceStore
 
 
 class Policy:
-    def __init__(self, bundle_dir: Path, manifest: dict) -> None:
+    def __init__(self, bundle_dir: Path, manifest: dict, engines_dir: Optional[Path] = None) -> None:
         io = manifest["io"]
         self.manifest = manifest
         self.obs_names = [t["name"] for t in io["input"]["terms"]]
@@ -27,11 +27,15 @@ class Policy:
         self.high = np.asarray(io["output"]["high"], dtype=np.float32)
         self.default = np.asarray(io["output"]["default"], dtype=np.float32)
         self.period_s = float(manifest["control"]["period_s"])
-        self.runtime = OnnxRuntime(bundle_dir / "policy.onnx", manifest["runtime"]["onnxruntime_providers"])
+        selection = select_runtime(bundle_dir / "policy.onnx", manifest, engines_dir)  # TensorRT → ORT CUDA → ORT CPU
+        self.runtime, self.runtime_description = selection.runtime, selection.describe()
         self.unsafe_count = 0
         self.n_obs = len(self.obs_names)
-        self._run, self._input = self.runtime._run, self.runtime.input_name
-        self._bound = self._bind() if self.runtime.compiled_run else None
+        self._input = self.runtime.input_name
+        if getattr(self.runtime, "compiled_run", False):
+            self._run, self._bound = self.runtime._run, self._bind()
+        else:
+            self._run, self._bound = (lambda feeds: [self.runtime.run(feeds[self._input])]), None
 
     def _bind(self):
         """For single observations on the CPU provider: input and output bound once to preallocated buffers
@@ -54,10 +58,11 @@ class Policy:
     @classmethod
     def load(cls, root: Path) -> "Policy":
         """The active policy of the device store at ``root``."""
-        current = DeviceStore(root).link("current")
+        store = DeviceStore(root)
+        current = store.link("current")
         if current is None:
             raise FileNotFoundError(f"no active policy in {root}")
-        return cls(current, json.loads((current / "manifest.json").read_text()))
+        return cls(current, json.loads((current / "manifest.json").read_text()), store.engines_dir)
 
     def check_names(self, names: Sequence[str]) -> None:
         """Refuse an observation layout that differs from the bundle's."""

@@ -71,7 +71,8 @@ def health_check(store: DeviceStore, expected: Path, manifest: dict) -> str:
     Returns the runtime that served them (``onnxruntime (CPUExecutionProvider)``)."""
     import numpy as np
 
-    from edge.runtime import OnnxRuntime
+    from edge.runtime import select_runtime
+    from edge.smoke import tolerance
 
     current = store.link("current")
     if current != expected:
@@ -79,13 +80,13 @@ def health_check(store: DeviceStore, expected: Path, manifest: dict) -> str:
     if json.loads((current / bundle.MANIFEST).read_text())["policy"] != manifest["policy"]:
         raise CheckFailed("health", f"{current / bundle.MANIFEST} is not the manifest that was installed")
     golden = np.load(current / "golden.npz")
-    runtime = OnnxRuntime(current / "policy.onnx", manifest["runtime"]["onnxruntime_providers"])
-    out = runtime.run(golden["inputs"][:1].astype(np.float32))
-    tol = manifest["parity_tolerance"]["fp32"]
+    selection = select_runtime(current / "policy.onnx", manifest, store.engines_dir)  # the engine the smoke test built
+    out = selection.runtime.run(golden["inputs"][:1].astype(np.float32))
+    tol = tolerance(selection.runtime, manifest)
     err = float(np.max(np.abs(out - golden["outputs"][:1])))
     if not err <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(golden["outputs"]))):  # the smoke test's rule
         raise CheckFailed("health", f"{current}/policy.onnx no longer reproduces its golden output")
-    return f"{runtime.name} ({', '.join(runtime.providers)})"
+    return f"{selection.runtime.name} ({', '.join(selection.runtime.providers)})"
 
 
 def activate_checked(store: DeviceStore, final: Path, manifest: dict, remove_on_failure: bool) -> str:
@@ -127,7 +128,7 @@ def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Pa
         from edge.smoke import smoke_test
 
         manifest = bundle.verify_dir(target, trusted)
-        smoke_test(target, manifest)
+        smoke_test(target, manifest, engines_dir=store.engines_dir)
         runtime = activate_checked(store, target, manifest, remove_on_failure=False)
         store.record("rollback", policy=manifest["policy"]["name"], version=str(manifest["policy"]["version"]),
                      from_path=str(current) if current else None, runtime=runtime)
@@ -272,7 +273,7 @@ def _install_activate(store: DeviceStore, target_ref: BundleRef, part: Path, sta
 
     if not skip_target_check:
         check_compatible(load_target(manifest["target"]["name"]), detect_device())
-    smoke = smoke_test(candidate, manifest)
+    smoke = smoke_test(candidate, manifest, engines_dir=store.engines_dir)
     crash.point("smoked")
     final = installed if candidate == installed else store.install(candidate, target_ref.policy, target_ref.version)
     runtime = activate_checked(store, final, manifest, remove_on_failure=True)

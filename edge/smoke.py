@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -23,9 +24,17 @@ class SmokeResult:
     latency_p99_s: float
 
 
-def smoke_test(bundle_dir: Path, manifest: dict, iterations: int = 200) -> SmokeResult:
-    """Run the bundle's golden inputs and a latency loop; raise :class:`CheckFailed` on failure."""
-    selection = select_runtime(bundle_dir / "policy.onnx", manifest)  # TensorRT → ORT CUDA → ORT CPU
+def tolerance(runtime, manifest: dict) -> dict:
+    """The manifest's parity tolerance for this runtime's precision (FP16 engines: the looser one)."""
+    return manifest["parity_tolerance"][runtime.key.precision if runtime.name == "tensorrt" else "fp32"]
+
+
+def smoke_test(bundle_dir: Path, manifest: dict, iterations: int = 200, engines_dir: Optional[Path] = None) -> SmokeResult:
+    """Run the bundle's golden inputs and a latency loop; raise :class:`CheckFailed` on failure.
+
+    ``engines_dir``: the device's TensorRT engine cache; a missing engine is built there (where TensorRT runs)."""
+    selection = select_runtime(bundle_dir / "policy.onnx", manifest, engines_dir,  # TensorRT → ORT CUDA → ORT CPU
+                               build_engines=engines_dir is not None)
     runtime = selection.runtime
     golden = np.load(bundle_dir / "golden.npz")
     inputs = golden["inputs"].astype(np.float32)
@@ -35,8 +44,7 @@ def smoke_test(bundle_dir: Path, manifest: dict, iterations: int = 200) -> Smoke
     if out.shape != golden["outputs"].shape:
         raise CheckFailed("smoke", f"output shape {out.shape} != golden {golden['outputs'].shape}")
     err = float(np.max(np.abs(out - golden["outputs"])))
-    precision = runtime.key.precision if runtime.name == "tensorrt" else "fp32"  # FP16 engines: the looser tolerance
-    tol = manifest["parity_tolerance"][precision]
+    tol = tolerance(runtime, manifest)
     if not err <= tol["atol"] + tol["rtol"] * float(np.max(np.abs(golden["outputs"]))):
         raise CheckFailed("smoke", f"golden outputs differ by {err:.3g} (tolerance atol {tol['atol']}, rtol {tol['rtol']})")
     one = golden["inputs"][:1].astype(np.float32)
@@ -60,7 +68,7 @@ def main() -> int:
     args = p.parse_args()
     current = args.root / "current"
     try:
-        result = smoke_test(current, json.loads((current / "manifest.json").read_text()))
+        result = smoke_test(current, json.loads((current / "manifest.json").read_text()), engines_dir=args.root / "engines")
     except (CheckFailed, OSError, ValueError, KeyError) as e:
         print(f"smoke: FAILED: {e}", file=sys.stderr)
         return 1

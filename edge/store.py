@@ -61,6 +61,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 class DeviceStore:
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        self.engines_dir = self.root / "engines"
+        """TensorRT engines built on this device, keyed by TensorRT version, GPU, precision and ONNX digest."""
 
     @property
     def journal_path(self) -> Path:

@@ -22,6 +22,16 @@ def test_act_clamps_to_manifest_limits(root):
     assert batch.shape == (3, 1) and np.allclose(batch, 0.0)
 
 
+def test_the_runtime_is_chosen_and_reported(root):
+    policy = Policy.load(root)
+    description = policy.runtime_description
+    assert description.startswith("onnxruntime (CPUExecutionProvider)"), description
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:  # this machine: TensorRT was tried first and the reason it was passed over is given
+        assert "skipped tensorrt:" in description, description
+
+
 def test_nan_observation_gives_default_action_and_is_counted(root):
     policy = Policy.load(root)
     obs = np.zeros((2, 5))
