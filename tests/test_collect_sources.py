@@ -92,7 +92,7 @@ def test_collect_and_calibrate_commands(tmp_path):
     out = run_cli("sim2edge", "calibrate", "--task", "cartpole", "--dataset", "v0007", env=env, unset=unset)
     assert out.returncode == 2 and "no dataset version 'v0007'" in out.stdout and "versions: v0001" in out.stdout
     out = run_cli("sim2edge", "collect", "--task", "nope", env=env, unset=unset)
-    assert out.returncode == 2 and "valid tasks: cartpole, reacher" in out.stdout
+    assert out.returncode == 2 and "valid tasks: arm6, cartpole, quadruped, reacher" in out.stdout
 
 
 # -- the agent's .npz telemetry: closed loop through `sim2edge-agent run`, upload, collect ---------------

@@ -8,6 +8,7 @@ from prefect.client.orchestration import get_client
 from prefect.settings import PREFECT_API_URL
 
 from flows.deployments import ONE_AT_A_TIME, deployments
+from stages.sim.registry import names
 from tests.conftest import run_cli
 
 
@@ -29,7 +30,7 @@ def test_deploy_registers_both_with_the_nightly_schedule(prefect_harness, tmp_pa
     assert nightly.work_pool_name == manual.work_pool_name == "test-pool"
     assert manual.schedules == [] and nightly.entrypoint == "flows/nightly.py:nightly_retrain"
     task = manual.parameter_openapi_schema["definitions"]["SimToEdgeParams"]["properties"]["task"]
-    assert task["enum"] == ["cartpole", "reacher"]  # the form's picker lists the registered tasks
+    assert task["enum"] == names() == ["arm6", "cartpole", "quadruped", "reacher"]  # the form's picker lists the registered tasks
 
 
 def test_served_deployments_match_prefect_yaml():
