@@ -48,7 +48,7 @@ def episode_table(
     cols.update({f"obs.{n}": obs[:, i].astype(np.float32) for i, n in enumerate(obs_names)})
     cols.update({f"act.{n}": act[:, i].astype(np.float32) for i, n in enumerate(act_names)})
     for prefix, arr in (("ctrl", ctrl), ("qpos", qpos), ("qvel", qvel)):
-        cols.update({f"{prefix}.{i}": arr[:, i] for i in range(arr.shape[1])})
+        cols.update({f"{prefix}.{i}": arr[:, i].astype(np.float64) for i in range(arr.shape[1])})  # one schema for every source
     cols["inference_ms"] = np.asarray(inference_ms, dtype=np.float32)
     cols["loop_ms"] = np.full(steps, dt * 1e3, dtype=np.float32)
     cols["policy_version"] = [policy_version] * steps
