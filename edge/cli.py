@@ -1,4 +1,4 @@
-"""``sim2edge-agent``: pull a policy onto this device, show, verify, roll back and clean up."""
+"""``sim2edge-agent``: pull a policy onto this device, show, verify, repair, roll back and clean up."""
 
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def _status(args: argparse.Namespace) -> int:
         "bundle_sha256": last.get("bundle_sha256"),
         "evaluation": manifest.get("evaluation"),
         "previous": str(previous) if previous else None,
+        "known_bad": [f"{e['policy']} v{e['version']} ({e['check']}, {e['count']}x, sha256 {e['bundle_sha256'][:12]})"
+                      for e in sorted(store.failed_versions().values(), key=lambda e: e.get("time", 0))],
     }
     print(json.dumps(info, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in info.items()))
     return 0
@@ -92,14 +94,15 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from edge.control import run
+    from edge.control import ReportTo, run
 
     telemetry = None
     if args.telemetry:
         telemetry = dict(device_id=args.device_id, rows_per_file=args.telemetry_rows,
                          cap_bytes=int(args.telemetry_cap_mb * (1 << 20)))
+    report = ReportTo(args.registry, args.device_id, args.report_every) if args.registry else None
     stats = run(Path(args.root), args.listen, args.watchdog_periods, args.duration, args.stop_after_silence,
-                args.stats, telemetry)
+                args.stats, telemetry, report, args.stats_window)
     print(json.dumps(stats, sort_keys=True))
     return 0
 
@@ -140,6 +143,22 @@ def _watch(args: argparse.Namespace) -> int:
           args.skip_target_check, pull_options(args), args.iterations,
           device_id=None if args.no_report else args.device_id)
     return 0
+
+
+def _repair(args: argparse.Namespace) -> int:
+    from edge.registry_client import TransferOptions
+    from edge.repair import repair
+
+    report = repair(Path(args.root), args.registry, load_trusted(args.trust),
+                    TransferOptions(attempts=args.attempts, timeout_s=args.timeout, max_bytes=args.max_bytes,
+                                    backoff_base_s=args.retry_base))
+    for damage in report.repaired:
+        print(f"repaired {damage.policy} v{damage.version} at {damage.path} (was: {damage.detail})")
+    for failure in report.failed:
+        print(f"not repaired: {failure}", file=sys.stderr)
+    if not report.repaired and not report.failed:
+        print("nothing to repair: every installed copy verifies")
+    return 1 if report.failed else 0
 
 
 def _gc(args: argparse.Namespace) -> int:
@@ -207,6 +226,12 @@ def parser() -> argparse.ArgumentParser:
     rn.add_argument("--telemetry-rows", type=int, default=3000, help="control steps per file (default %(default)s)")
     rn.add_argument("--telemetry-cap-mb", type=float, default=256.0,
                     help="stop recording when pending files reach this size (default %(default)s)")
+    rn.add_argument("--stats-window", type=int, default=10000, metavar="N",
+                    help="latency percentiles over the last N periods (default %(default)s)")
+    rn.add_argument("--registry", help="report the loop's statistics to this MLflow server (tag "
+                                       "sim2edge.control.<device id>; see edge/report.py)")
+    rn.add_argument("--report-every", type=float, default=60.0, metavar="S",
+                    help="seconds between reports, and one at exit (default %(default)s)")
     rn.add_argument("--device-id", default=socket.gethostname(), help="default: the host name")
     rn.set_defaults(func=_run)
     be = sub.add_parser("bench", help="latency p50/p99 of Policy.act() vs the bare runtime call")
@@ -237,6 +262,12 @@ def parser() -> argparse.ArgumentParser:
     wa.add_argument("--no-report", action="store_true", help="do not report the device's state")
     add_transfer_arguments(wa)
     wa.set_defaults(func=_watch, retry_failed=False)  # watch never retries a known-bad version
+    rp = sub.add_parser("repair", help="download installed copies that no longer verify again (never current)")
+    rp.add_argument("--registry", required=True)
+    rp.add_argument("--root", default=DEFAULT_ROOT)
+    rp.add_argument("--trust", action="append", required=True, type=Path)
+    add_transfer_arguments(rp)
+    rp.set_defaults(func=_repair)
     gc = sub.add_parser("gc", help="delete old installed versions (never current or previous)")
     gc.add_argument("--root", default=DEFAULT_ROOT)
     gc.add_argument("--keep", type=int, default=3, help="versions to keep per policy (default: %(default)s)")

@@ -40,9 +40,12 @@ import os
 import signal
 import socket
 import struct
+import threading
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Deque, Optional, Tuple
 
 import numpy as np
 
@@ -94,7 +97,8 @@ class ControlLoop:
     """Ticks at ``policy.period_s``; see the module docstring for the protocol."""
 
     def __init__(self, policy: Policy, sock: socket.socket, watchdog_periods: int = 5,
-                 stop_after_silence_s: Optional[float] = None, recorder: Optional[Recorder] = None) -> None:
+                 stop_after_silence_s: Optional[float] = None, recorder: Optional[Recorder] = None,
+                 stats_window: int = 10000) -> None:
         self.policy, self.sock, self.recorder = policy, sock, recorder
         self.episode, self.step, self._last_tick = 0, 0, 0.0
         self.period = policy.period_s
@@ -108,25 +112,34 @@ class ControlLoop:
         self.silent = 0
         self.counts = dict(ticks=0, observations=0, actions=0, safe_default=0, watchdog_trips=0,
                            watchdog_actions=0, malformed=0, deadline_misses=0, skipped_periods=0, dropped_stale=0)
-        self.act_times: List[float] = []
-        self.lateness: List[float] = []
-        self._stop = False
+        # the last ``stats_window`` samples: memory stays bounded however long the loop runs
+        self.act_times: Deque[float] = deque(maxlen=stats_window)
+        self.lateness: Deque[float] = deque(maxlen=stats_window)
+        self._samples = threading.Lock()  # stats() may run on the reporting thread
+        self._stop = threading.Event()
         self._started: Optional[float] = None
 
     def stop(self, *_args: object) -> None:
-        self._stop = True
+        self._stop.set()
+
+    def _sample(self, samples: Deque[float], value: float) -> None:
+        with self._samples:
+            samples.append(value)
 
     def stats(self) -> dict:
-        """Counters, and act() and wake-up lateness percentiles in microseconds."""
-        def pct(xs: List[float], q: float) -> Optional[float]:
+        """Counters since start, and act() and wake-up lateness percentiles (µs) over the last window."""
+        with self._samples:
+            act, late = list(self.act_times), list(self.lateness)
+            counts = dict(self.counts)
+
+        def pct(xs: list, q: float) -> Optional[float]:
             return round(float(np.percentile(xs, q)) * 1e6, 1) if xs else None
 
         m = self.policy.manifest["policy"]
-        return dict(self.counts, policy=m["name"], version=str(m["version"]), period_s=self.period,
+        return dict(counts, policy=m["name"], version=str(m["version"]), period_s=self.period, window=len(act),
                     watchdog=self.silent >= self.watchdog_periods,
                     uptime_s=round(time.monotonic() - self._started, 3) if self._started else 0.0,
-                    act_p50_us=pct(self.act_times, 50), act_p99_us=pct(self.act_times, 99),
-                    wake_late_p99_us=pct(self.lateness, 99),
+                    act_p50_us=pct(act, 50), act_p99_us=pct(act, 99), wake_late_p99_us=pct(late, 99),
                     telemetry_files=self.recorder.files_written if self.recorder else 0,
                     telemetry_rows_dropped=self.recorder.rows_dropped if self.recorder else 0)
 
@@ -187,7 +200,8 @@ class ControlLoop:
             before = self.policy.unsafe_count
             start = time.perf_counter()
             action = self.policy.act(obs)
-            self.act_times.append(time.perf_counter() - start)
+            act_s = time.perf_counter() - start
+            self._sample(self.act_times, act_s)
             if self.policy.unsafe_count != before:
                 flags |= SAFE_DEFAULT
                 self.counts["safe_default"] += 1
@@ -207,21 +221,20 @@ class ControlLoop:
             self.counts["deadline_misses"] += 1
         self._send(self.last_seq, self.last_stamp, flags, action)
         if got is not None and self.recorder is not None:
-            self.recorder.record(self.episode, self.step, time.time(), obs, action, self.act_times[-1], loop_s, flags,
-                                 state)
+            self.recorder.record(self.episode, self.step, time.time(), obs, action, act_s, loop_s, flags, state)
             self.step += 1
 
     def serve(self, duration_s: Optional[float] = None) -> dict:
         """Run until stopped (SIGTERM/SIGINT), ``duration_s`` elapsed, or the silence limit; return stats."""
         start = next_tick = self._started = time.monotonic()
-        while not self._stop:
+        while not self._stop.is_set():
             now = time.monotonic()
             if duration_s is not None and now - start >= duration_s:
                 break
             if now < next_tick:
                 time.sleep(next_tick - now)
                 now = time.monotonic()
-            self.lateness.append(now - next_tick)
+            self._sample(self.lateness, now - next_tick)
             if now - next_tick > self.period:
                 # woke up more than a period late: count the periods lost, re-anchor instead of bursting
                 lost = int((now - next_tick) / self.period)
@@ -237,30 +250,63 @@ class ControlLoop:
         return self.stats()
 
 
+@dataclass(frozen=True)
+class ReportTo:
+    """Where ``run`` reports its statistics (edge/report.py, tag ``sim2edge.control.<device_id>``)."""
+
+    registry_url: str
+    device_id: str
+    every_s: float = 60.0
+    timeout_s: float = 5.0
+    backoff_base_s: float = 30.0
+
+
+def _report_periodically(loop: ControlLoop, root: Path, to: ReportTo) -> threading.Thread:
+    """A daemon thread posting ``loop.stats()`` every ``to.every_s`` and once more when the loop stops."""
+    from edge.report import control_reporter
+
+    reporter = control_reporter(root, to.registry_url, loop.policy.manifest["policy"]["name"], to.device_id,
+                                loop.stats, to.timeout_s, to.backoff_base_s)
+
+    def report() -> None:
+        while not loop._stop.wait(to.every_s):
+            reporter.report()
+        reporter.report()
+
+    thread = threading.Thread(target=report, name="sim2edge-report", daemon=True)
+    thread.start()
+    return thread
+
+
 def run(root: Path, listen: str, watchdog_periods: int = 5, duration_s: Optional[float] = None,
         stop_after_silence_s: Optional[float] = None, stats_path: Optional[Path] = None,
-        telemetry: Optional[dict] = None) -> dict:
+        telemetry: Optional[dict] = None, report: Optional[ReportTo] = None, stats_window: int = 10000) -> dict:
     """Serve the active policy of the store at ``root`` on ``listen`` (the CLI's ``run``).
 
-    ``telemetry``: ``Recorder`` keyword arguments (``device_id``, ``rows_per_file``, ``cap_bytes``) to record."""
+    ``telemetry``: ``Recorder`` keyword arguments (``device_id``, ``rows_per_file``, ``cap_bytes``) to record;
+    ``report``: post the statistics to the registry periodically, never blocking the loop."""
     policy = Policy.load(root)
     sock, bound = open_socket(listen)
     recorder = None
     if telemetry is not None:
         recorder = Recorder(root, policy.obs_names, policy.action_names, str(policy.manifest["policy"]["version"]),
                             **telemetry)
-    loop = ControlLoop(policy, sock, watchdog_periods, stop_after_silence_s, recorder)
+    loop = ControlLoop(policy, sock, watchdog_periods, stop_after_silence_s, recorder, stats_window)
     signal.signal(signal.SIGTERM, loop.stop)
     signal.signal(signal.SIGINT, loop.stop)
+    reporting = _report_periodically(loop, root, report) if report is not None else None
     m = policy.manifest["policy"]
     print(f"serving {m['name']} v{m['version']} on {bound} every {policy.period_s * 1e3:g} ms "
           f"({policy.runtime.name}, watchdog after {watchdog_periods} periods)", flush=True)
     try:
         stats = loop.serve(duration_s)
     finally:
+        loop.stop()
         sock.close()
         if listen.startswith("unix://") and os.path.exists(listen[7:]):
             os.unlink(listen[7:])
+    if reporting is not None:
+        reporting.join(report.timeout_s + 1.0)  # the final report, one short attempt
     if stats_path is not None:
         stats_path.write_text(json.dumps(stats, sort_keys=True))
     return stats

@@ -213,7 +213,7 @@ def _stored_copy(store: DeviceStore, installed: Path, trusted: Iterable) -> Opti
     except (CheckFailed, OSError, ValueError) as e:
         if installed == store.link("previous"):
             raise CheckFailed("stored", f"the stored copy {installed} is `previous` and fails verification ({e}); "
-                                        f"not removed") from None
+                                        f"not removed (`sim2edge-agent repair` downloads it again)") from None
         store.remove(installed)
         store.record("discarded", policy=installed.parent.name, version=installed.name, path=str(installed),
                      detail=str(e)[:500])
@@ -291,26 +291,45 @@ def _install_activate(store: DeviceStore, target_ref: BundleRef, part: Path, sta
     return PullResult(target_ref.policy, target_ref.version, final, True, smoke, stats)
 
 
+def _repair(root: Path, registry_url: str, trusted: list, options: PullOptions) -> None:
+    """Before each poll: download damaged non-active copies again (edge/repair.py), within the pull backoff."""
+    from edge.repair import repair
+
+    store = DeviceStore(root)
+    if not options.ignore_backoff:
+        _check_backoff(store, registry_url)
+    try:
+        report = repair(root, registry_url, trusted, options.transfer)
+    except RegistryUnavailable:
+        return  # the pull that follows meets the same outage, counts it and backs off
+    for damage in report.repaired:
+        print(f"watch: repaired {damage.policy} v{damage.version} ({damage.detail})", flush=True)
+    for failure in report.failed:
+        print(f"watch: repair failed: {failure}", file=sys.stderr, flush=True)
+
+
 def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s: float = 60.0, jitter: float = 0.2,
           skip_target_check: bool = False, options: Optional[PullOptions] = None, iterations: Optional[int] = None,
           rng: Optional[random.Random] = None, device_id: Optional[str] = None) -> None:
     """Poll ``ref`` every ``interval_s`` (× uniform(1-jitter, 1+jitter), so a fleet spreads out) and pull new
     versions with all of pull's checks. Refusals and outages are reported on stderr (the same one on
     consecutive polls once) and the loop goes on; a known-bad version is not downloaded again;
-    the persisted backoff keeps an unavailable registry from being hammered. With ``device_id``, each poll
+    the persisted backoff keeps an unavailable registry from being hammered. Each poll first downloads
+    damaged non-active copies again (``previous`` included; edge/repair.py). With ``device_id``, each poll
     ends with a state report to the registry (edge/report.py), which never stops the loop."""
-    from edge.report import Reporter
+    from edge.report import device_reporter
 
     rng = rng or random.Random()
     trusted = list(trusted)
     options = options or PullOptions()
     reporter = None
     if device_id:
-        reporter = Reporter(root, registry_url, parse_ref(ref)[0], device_id, trusted,
-                            timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s)
+        reporter = device_reporter(root, registry_url, parse_ref(ref)[0], device_id, trusted,
+                                   timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s)
     polls, last_error = 0, ""
     while True:
         try:
+            _repair(root, registry_url, trusted, options)
             result = pull(ref, registry_url, root, trusted, skip_target_check, options)
             last_error = ""
             if result.changed:

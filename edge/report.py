@@ -1,4 +1,5 @@
-"""The device's state, reported to the registry by ``watch``: which version runs here, and how well.
+"""The device's state, reported to the registry by ``watch`` (which version runs here, and how well)
+and by ``run`` (how its control loop keeps time).
 
 Where: one tag per device on the registered model it watches, ``sim2edge.device.<device id>``
 (characters other than letters, digits, ``_ . -`` become ``_``), overwritten by each report;
@@ -21,9 +22,13 @@ previous version runs again), ``none`` (no active policy). ``version`` is null w
 REST (standard library, :class:`edge.registry_client.RegistryClient`):
 ``POST /api/2.0/mlflow/registered-models/set-tag`` ``{"name", "key", "value"}``.
 
-A report never blocks the watch for long and never raises: one attempt with a short timeout; a
-failure is counted in ``<root>/report.json`` and later reports are skipped until its backoff
-expires. The state is computed afresh each time, so the next report that gets through carries the
+``run --registry URL --report-every S`` writes a second tag, ``sim2edge.control.<device id>``:
+:meth:`edge.control.ControlLoop.stats` (counters since start; act() and wake-up percentiles over
+the last ``--stats-window`` periods) plus ``device``, ``hostname``, ``time``, ``missed_reports``.
+
+A report never blocks the agent for long and never raises: one attempt with a short timeout; a
+failure is counted in ``<root>/report.json`` (``control-report.json`` for ``run``) and later
+reports are skipped until its backoff expires. The state is computed afresh each time, so the next report that gets through carries the
 current state and how many reports were missed.
 """
 
@@ -35,7 +40,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from edge import bundle
 from edge.errors import CheckFailed
@@ -43,13 +48,14 @@ from edge.registry_client import RegistryClient, TransferOptions
 from edge.store import DeviceStore, write_atomic
 
 TAG_PREFIX = "sim2edge.device."
+CONTROL_PREFIX = "sim2edge.control."
 _ERRORS = ("refused", "unavailable", "health-rollback")
 _SWITCHES = ("activate", "rollback", "recovered", "health-rollback")
 
 
-def tag_key(device_id: str) -> str:
-    """The registered-model tag that holds ``device_id``'s state."""
-    return TAG_PREFIX + re.sub(r"[^A-Za-z0-9_.-]", "_", device_id)[:200]
+def tag_key(device_id: str, prefix: str = TAG_PREFIX) -> str:
+    """The registered-model tag that holds ``device_id``'s state (or, with ``CONTROL_PREFIX``, its control loop's)."""
+    return prefix + re.sub(r"[^A-Za-z0-9_.-]", "_", device_id)[:200]
 
 
 def _last(history: list, events: tuple) -> Optional[dict]:
@@ -85,14 +91,15 @@ def device_state(store: DeviceStore, trusted: Iterable, device_id: str) -> dict:
 
 
 class Reporter:
-    """Sends :func:`device_state` to the registry, at most one short attempt per call (see the module docstring)."""
+    """Sends ``state()`` to the registry tag ``key``, at most one short attempt per call (see the module
+    docstring); the backoff is kept in ``<root>/<mark>`` so a restarted agent honours it."""
 
-    def __init__(self, root: Path, registry_url: str, model: str, device_id: str, trusted: Iterable,
-                 timeout_s: float = 5.0, backoff_base_s: float = 30.0, backoff_cap_s: float = 600.0) -> None:
-        self.store = DeviceStore(root)
-        self.path = Path(root) / "report.json"
+    def __init__(self, root: Path, registry_url: str, model: str, key: str, state: Callable[[], dict],
+                 mark: str = "report.json", label: str = "watch", timeout_s: float = 5.0,
+                 backoff_base_s: float = 30.0, backoff_cap_s: float = 600.0) -> None:
+        self.path = Path(root) / mark
         self.client = RegistryClient(registry_url, TransferOptions(attempts=1, timeout_s=timeout_s))
-        self.model, self.device_id, self.trusted = model, device_id, list(trusted)
+        self.model, self.key, self.state, self.label = model, key, state, label
         self.base_s, self.cap_s = backoff_base_s, backoff_cap_s
 
     def _load(self) -> dict:
@@ -109,20 +116,39 @@ class Reporter:
             if time.time() < float(mark.get("next_attempt", 0)):
                 write_atomic(self.path, json.dumps(dict(mark, missed=missed + 1), sort_keys=True).encode())
                 return None
-            state = dict(device_state(self.store, self.trusted, self.device_id), missed_reports=missed)
+            state = dict(self.state(), missed_reports=missed)
             try:
                 self.client._json("/api/2.0/mlflow/registered-models/set-tag", method="POST", body={
-                    "name": self.model, "key": tag_key(self.device_id), "value": json.dumps(state, sort_keys=True)})
+                    "name": self.model, "key": self.key, "value": json.dumps(state, sort_keys=True)})
             except CheckFailed as e:
                 failures = int(mark.get("failures", 0)) + 1
                 delay = min(self.cap_s, self.base_s * 2 ** (failures - 1))
                 write_atomic(self.path, json.dumps({"failures": failures, "missed": missed + 1, "last_error": e.detail,
                                                     "next_attempt": time.time() + delay}, sort_keys=True).encode())
-                print(f"watch: state report failed ({e}); next try in {delay:.0f} s", file=sys.stderr, flush=True)
+                print(f"{self.label}: state report failed ({e}); next try in {delay:.0f} s", file=sys.stderr,
+                      flush=True)
                 return None
             write_atomic(self.path, json.dumps({"failures": 0, "missed": 0, "last_report": state["time"]},
                                                sort_keys=True).encode())
             return state
-        except Exception as e:  # a report must never stop the watch
-            print(f"watch: state report skipped ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
+        except Exception as e:  # a report must never stop the agent
+            print(f"{self.label}: state report skipped ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
             return None
+
+
+def device_reporter(root: Path, registry_url: str, model: str, device_id: str, trusted: Iterable,
+                    timeout_s: float = 5.0, backoff_base_s: float = 30.0) -> Reporter:
+    """``watch``'s reporter: :func:`device_state` to ``sim2edge.device.<id>``."""
+    store, trusted = DeviceStore(root), list(trusted)
+    return Reporter(root, registry_url, model, tag_key(device_id), lambda: device_state(store, trusted, device_id),
+                    timeout_s=timeout_s, backoff_base_s=backoff_base_s)
+
+
+def control_reporter(root: Path, registry_url: str, model: str, device_id: str, stats: Callable[[], dict],
+                     timeout_s: float = 5.0, backoff_base_s: float = 30.0) -> Reporter:
+    """``run``'s reporter: the control loop's statistics to ``sim2edge.control.<id>``."""
+    def state() -> dict:
+        return dict(stats(), device=device_id, hostname=socket.gethostname(), time=round(time.time(), 3))
+
+    return Reporter(root, registry_url, model, tag_key(device_id, CONTROL_PREFIX), state, mark="control-report.json",
+                    label="run", timeout_s=timeout_s, backoff_base_s=backoff_base_s)

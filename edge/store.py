@@ -41,7 +41,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _make_writable(path: Path) -> None:
+def make_writable(path: Path) -> None:
     for f in [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else []:
         if not f.is_symlink():
             f.chmod(0o700 if f.is_dir() else 0o600)
@@ -104,7 +104,7 @@ class DeviceStore:
         tmp = self.root / "tmp"
         if tmp.is_dir():
             for leftover in tmp.iterdir():
-                _make_writable(leftover)
+                make_writable(leftover)
                 shutil.rmtree(str(leftover), ignore_errors=True)
         for link in self.root.glob(".*.tmp"):
             if link.is_symlink():
@@ -268,7 +268,7 @@ class DeviceStore:
         """Delete an installed bundle directory (never one that ``current`` or ``previous`` names)."""
         if bundle in (self.link("current"), self.link("previous")):
             raise ValueError(f"{bundle} is in use; not removed")
-        _make_writable(bundle)
+        make_writable(bundle)
         shutil.rmtree(str(bundle))
         fsync_dir(bundle.parent)
 

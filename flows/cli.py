@@ -212,7 +212,8 @@ def evaluate(
 
 @app.command()
 def devices(model: Optional[str] = typer.Option(None, help="Registered model (default: every one).")) -> None:
-    """List the devices reporting to the registry (sim2edge-agent watch): version, health, runtime, last error."""
+    """List the devices reporting to the registry (sim2edge-agent watch and run): version, health, runtime,
+    control-loop timing, last error."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -222,10 +223,14 @@ def devices(model: Optional[str] = typer.Option(None, help="Registered model (de
         states = reports(MlflowClient(Workspace.from_env().tracking_uri()), model)
     except (MlflowException, ValueError) as e:
         _fail(str(e))
-    table = Table("model", "device", "version", "health", "runtime", "reported", "last error")
+    table = Table("model", "device", "version", "health", "runtime", "control loop", "reported", "last error")
     for d in states:
-        e = d.last_error or {}
-        table.add_row(d.model, d.device, d.version or "-", d.health, d.runtime or "-", f"{d.age_s:.0f} s ago",
+        e, c = d.last_error or {}, d.control
+        loop = (f"act p99 {c.get('act_p99_us')} us, {c.get('deadline_misses', 0)} late, "
+                f"{c.get('safe_default', 0)} unsafe, {c.get('watchdog_trips', 0)} watchdog / {c.get('ticks', 0)} ticks"
+                if c else "-")
+        table.add_row(d.model, d.device, d.version or "-", d.health or "-", d.runtime or "-", loop,
+                      f"{d.age_s:.0f} s ago",
                       f"{e.get('check') or e.get('event')}: {e.get('detail', '')}"[:100] if e else "")
     console.print(table if states else "no device has reported")
 

@@ -84,6 +84,8 @@ def test_health_failing_version_is_downloaded_once_until_its_digest_changes(mlfl
     assert [e["check"] for e in refused] == ["known-bad"], refused  # journaled once, not per poll
     state = device_state(store, trusted, "dev")
     assert (state["last_refusal"]["version"], state["last_refusal"]["check"]) == ("2", "health")
+    status = run_cli("sim2edge-agent", "status", "--root", str(root), "--json")
+    assert json.loads(status.stdout)["known_bad"] == [f"{name} v2 (health, 1x, sha256 {sha[:12]})"], status.stdout
     # the fault is gone, but the registry still offers the same digest: still not downloaded
     monkeypatch.delenv(crash.CORRUPT_ENV)
     watch(f"{name}@champion", proxy.url, root, trusted, interval_s=0, skip_target_check=True, options=FAST,

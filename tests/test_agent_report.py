@@ -5,21 +5,25 @@ that is down or never answers (the watch must go on, and report later)."""
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
 import time
 import uuid
 
+import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
 
 from edge import crash, signing
 from edge.pull import PullOptions, watch
 from edge.registry_client import TransferOptions
-from edge.report import Reporter, device_state, tag_key
+from edge.report import device_reporter, device_state, tag_key
 from edge.store import DeviceStore
 from registry.devices import devices
-from tests.bundles import active_store, make_keys, publish_versions
+from tests.bundles import TINY_IO, active_store, make_keys, publish_versions
 from tests.conftest import free_port, run_cli
+from tests.test_agent_run import AGENT, Client
 
 FAST = PullOptions(TransferOptions(attempts=2, backoff_base_s=0.01, timeout_s=2), backoff_base_s=0.2)
 
@@ -82,7 +86,8 @@ def test_a_registry_that_never_answers_costs_one_short_timeout(tmp_path):
     with socket.socket() as silent:  # accepts connections (backlog), never answers
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        reporter = Reporter(root, "http://127.0.0.1:%d" % silent.getsockname()[1], "tiny", "dev", [], timeout_s=0.3)
+        reporter = device_reporter(root, "http://127.0.0.1:%d" % silent.getsockname()[1], "tiny", "dev", [],
+                                   timeout_s=0.3)
         start = time.monotonic()
         assert reporter.report() is None
         assert time.monotonic() - start < 1.5
@@ -110,3 +115,59 @@ def test_state_says_rolled_back_and_corrupt(mlflow_server, policy, tmp_path, mon
     state = device_state(store, trusted, "dev-rb")
     assert state["health"] == "corrupt" and "policy.onnx" in state["last_error"]["detail"]
     assert tag_key("dev-rb") == "sim2edge.device.dev-rb"
+
+
+def test_run_reports_its_control_loop_and_devices_merges_it_with_watch(mlflow_server, tmp_path):
+    """``run --registry`` posts ControlLoop.stats() periodically and at exit under its own tag; the percentiles
+    cover only the last --stats-window periods; ``devices`` shows one row with both reports."""
+    priv, pub = make_keys(tmp_path)
+    name = f"tiny-{uuid.uuid4().hex[:8]}"
+    publish_versions(mlflow_server, tmp_path, priv, name, 1, io=TINY_IO, period_s=0.01)
+    root = tmp_path / "store"
+    watch(f"{name}@champion", mlflow_server, root, signing.load_trusted([pub]), interval_s=0, skip_target_check=True,
+          options=FAST, iterations=1, device_id="arm-3")
+    proc = subprocess.Popen([AGENT, "run", "--root", str(root), "--listen", "udp://127.0.0.1:0", "--registry",
+                             mlflow_server, "--report-every", "0.2", "--device-id", "arm-3", "--stats-window", "8",
+                             "--watchdog-periods", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        address = proc.stdout.readline().split(" on ", 1)[1].split(" ")[0]
+        client = Client(address, tmp_path)
+        for seq in range(1, 21):
+            assert client.act(seq, np.full(5, 0.1))[0] == seq
+        tags = MlflowClient(mlflow_server).get_registered_model(name).tags
+        deadline = time.monotonic() + 10
+        while "sim2edge.control.arm-3" not in tags and time.monotonic() < deadline:  # the periodic report
+            time.sleep(0.1)
+            tags = MlflowClient(mlflow_server).get_registered_model(name).tags
+        assert "sim2edge.control.arm-3" in tags
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    final = json.loads(out.strip().splitlines()[-1])
+    assert final["observations"] == 20 and final["window"] == 8
+    (d,) = devices(MlflowClient(mlflow_server), name)
+    assert (d.device, d.version, d.health) == ("arm-3", "1", "ok")  # from watch
+    c = d.control  # from run: the report sent at exit carries the final counts
+    assert c["observations"] == 20 and c["window"] == 8 and c["act_p99_us"] > 0 and c["device"] == "arm-3"
+    assert c["ticks"] >= 20 and c["missed_reports"] == 0
+    row = run_cli("sim2edge", "devices", "--model", name, env={"COLUMNS": "250"}).stdout
+    assert "arm-3" in row and " ok " in row and "act p99" in row and "ticks" in row, row
+
+
+def test_run_with_the_registry_down_keeps_its_rate(tmp_path):
+    """Reports to a dead registry fail on their own thread; the loop answers and keeps the period."""
+    root = active_store(tmp_path, period_s=0.01)
+    proc = subprocess.Popen([AGENT, "run", "--root", str(root), "--listen", "udp://127.0.0.1:0", "--registry",
+                             f"http://127.0.0.1:{free_port()}", "--report-every", "0.05", "--duration", "1.0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    address = proc.stdout.readline().split(" on ", 1)[1].split(" ")[0]
+    client = Client(address, tmp_path)
+    assert all(client.act(seq, np.zeros(5))[0] == seq for seq in range(1, 11))
+    out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0 and "run: state report failed" in err, err
+    stats = json.loads(out.strip().splitlines()[-1])
+    mark = json.loads((root / "control-report.json").read_text())
+    assert mark["failures"] >= 1 and mark["missed"] >= 1, mark
+    periods, expected = stats["ticks"] + stats["skipped_periods"], stats["uptime_s"] / 0.01
+    assert 0.75 * expected - 2 <= periods <= expected + 1, stats
