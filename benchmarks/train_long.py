@@ -3,8 +3,9 @@
 Trains ``--task`` for ``--minutes`` of wall time and prints, every ``--eval-every`` iterations, the
 environment steps so far, the mean training return, the share of episodes that ran to their end
 (for the quadruped: without a fall) and the deterministic evaluation return on fixed seeds,
-next to the run's first evaluation.
-Run: .venv/bin/python benchmarks/train_long.py --task quadruped --minutes 40
+next to the run's first evaluation. The checkpoint (with its resume state) is written to ``--out``
+every ``--checkpoint-every`` iterations; ``--resume OUT/model.pt`` continues a run exactly.
+Run: .venv/bin/python benchmarks/train_long.py --task quadruped --minutes 40 [--out DIR] [--resume DIR/model.pt]
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--nthread", type=int, default=1, help="physics threads (torch uses as many)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="checkpoint directory (default: a temporary one)")
+    ap.add_argument("--checkpoint-every", type=int, default=50)
+    ap.add_argument("--resume", type=Path, help="a checkpoint of the same run (same arguments) to continue")
     args = ap.parse_args()
     torch.set_num_threads(args.nthread)
     cfg = TrainConfig(task=args.task, iterations=1_000_000, num_envs=args.envs, steps_per_env=args.steps_per_env,
                       hidden_dims=tuple(int(h) for h in args.hidden.split(",")), entropy_coef=0.01,
                       init_noise_std=1.0, nthread=args.nthread, eval_every=args.eval_every, eval_episodes=32,
-                      seed=args.seed)
+                      seed=args.seed, checkpoint_every=args.checkpoint_every)
     start, deadline = time.perf_counter(), time.perf_counter() + 60 * args.minutes
     first: dict[str, float] = {}
 
@@ -59,10 +63,12 @@ def main() -> None:
 
     print(f"{load(args.task).name}: {cfg.num_envs} envs × {cfg.steps_per_env} steps, hidden {cfg.hidden_dims}, "
           f"{args.minutes:g} min", flush=True)
+    out = args.out or Path(tempfile.mkdtemp()) / "ckpt"
     try:
-        train(cfg, load(args.task).nominal_params(), Path(tempfile.mkdtemp()) / "ckpt", report)
+        train(cfg, load(args.task).nominal_params(), out, report, resume=args.resume)
     except Budget:
         pass
+    print(f"checkpoint: {out / 'model.pt'} (every {cfg.checkpoint_every} iterations)")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,12 @@ class TrainConfig(BaseModel):
     eval_every: int = Field(0, ge=0, description="Deterministic evaluation every N iterations (0: never).")
     eval_episodes: int = Field(16, ge=1, description="Episodes per deterministic evaluation (fixed seeds).")
     target_return: Optional[float] = Field(None, description="Stop once a deterministic evaluation reaches this return.")
+    checkpoint_every: int = Field(0, ge=0, description="Also write the checkpoint every N iterations (0: at the end).")
+
+
+RESUMABLE_CHANGES = frozenset({"iterations", "eval_every", "eval_episodes", "target_return", "checkpoint_every",
+                               "nthread"})
+"""Config fields a resumed run may change; any other difference would make it a different run."""
 
 
 class NonFiniteTraining(RuntimeError):
@@ -70,6 +76,14 @@ class RslRlEnv(VecEnv):
         self._obs = env.observe()
         self.finished_returns: list[float] = []
         self.finished_success: list[bool] = []
+
+    def snapshot(self) -> dict:
+        return {"env": self.env.snapshot(), "obs": self._obs.copy()}
+
+    def restore(self, snap: dict) -> None:
+        self.env.restore(snap["env"])
+        self._obs = snap["obs"].copy()
+        self.episode_length_buf = torch.from_numpy(self.env.episode_step.copy())
 
     def get_observations(self) -> TensorDict:
         return TensorDict({"policy": torch.from_numpy(self._obs)}, batch_size=[self.num_envs])
@@ -138,8 +152,16 @@ def train(
     out_dir: Path,
     on_iteration: IterationCallback | None = None,
     warm_start: Path | None = None,
+    resume: Path | None = None,
 ) -> Checkpoint:
-    """Train with randomization centred on ``twin``; write ``out_dir/model.pt`` atomically."""
+    """Train with randomization centred on ``twin``; write ``out_dir/model.pt`` atomically.
+
+    ``warm_start``: start from another checkpoint's actor and critic (fresh optimizer, iteration 0).
+    ``resume``: continue a checkpoint of this same run (:data:`RESUMABLE_CHANGES` aside) from its
+    iteration up to ``cfg.iterations``, with its optimizer, RNG and environment states: the result
+    equals an uninterrupted run's."""
+    if warm_start is not None and resume is not None:
+        raise ValueError("give warm_start or resume, not both")
     task = load(cfg.task)
     torch.manual_seed(cfg.seed)
     env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization, seed=cfg.seed, nthread=cfg.nthread)
@@ -147,12 +169,13 @@ def train(
     alg = build_algorithm(cfg, vec_env)
     if warm_start is not None:
         alg.load(torch.load(warm_start, weights_only=False), {"actor": True, "critic": True}, strict=True)
+    first = _resume(alg, vec_env, cfg, twin, resume) if resume is not None else 0
     obs = vec_env.get_observations()
     alg.train_mode()
     last_return = -math.inf
     iterations = cfg.iterations
-    for it in range(cfg.iterations):
-        good = copy.deepcopy(alg.save())  # the state after the last finite update (normalizer included)
+    for it in range(first, cfg.iterations):
+        good = copy.deepcopy(_state(alg, vec_env, twin))  # after the last finite update (normalizer included)
         start = time.perf_counter()
         try:
             with torch.inference_mode():
@@ -195,7 +218,36 @@ def train(
         if cfg.target_return is not None and metrics.get("eval_return", -math.inf) >= cfg.target_return:
             iterations = it + 1
             break
-    return save_checkpoint(alg.save(), iterations, cfg, out_dir, last_return)
+        if cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
+            save_checkpoint(_state(alg, vec_env, twin), it + 1, cfg, out_dir, last_return)
+    return save_checkpoint(_state(alg, vec_env, twin), iterations, cfg, out_dir, last_return)
+
+
+def _state(alg: PPO, vec_env: RslRlEnv, twin: PhysicalParams) -> dict:
+    """``PPO.save()`` (rsl_rl's keys) plus what an exact resume needs under ``resume``."""
+    return {**alg.save(), "resume": {"torch_rng": torch.get_rng_state(), "twin": twin.model_dump(),
+                                     **vec_env.snapshot()}}
+
+
+def _resume(alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig, twin: PhysicalParams, checkpoint: Path) -> int:
+    """Load a checkpoint of this run into ``alg`` and ``vec_env``; return the iteration to continue from."""
+    saved = torch.load(checkpoint, weights_only=False)
+    if "resume" not in saved:
+        raise ValueError(f"{checkpoint} holds no resume state (not written by sim2edge's train); warm-start from it")
+    old = saved["infos"]["config"]
+    changed = sorted(k for k, v in cfg.model_dump(mode="json").items() if k not in RESUMABLE_CHANGES and old.get(k) != v)
+    if changed:
+        raise ValueError(f"{checkpoint} was trained with a different config: "
+                         + ", ".join(f"{k} {old.get(k)!r} -> {getattr(cfg, k)!r}" for k in changed))
+    if saved["resume"]["twin"] != twin.model_dump():
+        raise ValueError(f"{checkpoint} was trained around a different twin: {saved['resume']['twin']} vs "
+                         f"{twin.model_dump()}")
+    if saved["iter"] >= cfg.iterations:
+        raise ValueError(f"{checkpoint} already has {saved['iter']} iterations; iterations={cfg.iterations} adds none")
+    alg.load(saved, {"actor": True, "critic": True, "optimizer": True}, strict=True)
+    vec_env.restore(saved["resume"])
+    torch.set_rng_state(saved["resume"]["torch_rng"])
+    return int(saved["iter"])
 
 
 def all_finite(alg: PPO) -> bool:

@@ -92,6 +92,25 @@ class BatchedEnv:
     def qvel(self) -> np.ndarray:
         return self.state[:, 1 + self.nq : 1 + self.nq + self.nv]
 
+    _SNAPSHOT = ("state", "obs_bias", "_push_phase", "_push_sign", "_action_queue", "last_action", "episode_step",
+                 "episode_return", "obs_noise")
+
+    def snapshot(self) -> dict:
+        """Everything the next steps depend on (states, per-env physics, RNG), for an exact resume."""
+        return {"arrays": {k: getattr(self, k).copy() for k in self._SNAPSHOT},
+                "params": [p.model_dump() for p in self.params], "rng": self.rng.bit_generator.state}
+
+    def restore(self, snap: dict) -> None:
+        """Continue exactly where :meth:`snapshot` was taken (same task and env count)."""
+        if len(snap["params"]) != self.num_envs:
+            raise ValueError(f"snapshot holds {len(snap['params'])} environments, this env has {self.num_envs}")
+        for k in self._SNAPSHOT:
+            getattr(self, k)[...] = snap["arrays"][k]
+        self.params = [PhysicalParams(**p) for p in snap["params"]]
+        for model, p in zip(self.models, self.params):
+            apply_params(model, self.task.model, p, self.task.mass_mask)
+        self.rng.bit_generator.state = snap["rng"]
+
     def reset(self, mask: np.ndarray | None = None) -> np.ndarray:
         """Reset the environments in ``mask`` (all by default), re-randomizing their physics."""
         idx = np.arange(self.num_envs) if mask is None else np.flatnonzero(mask)

@@ -1,0 +1,78 @@
+"""Resuming training from a checkpoint (optimizer, RNG and environment states included) gives exactly the
+uninterrupted run; a checkpoint of another run, or one without the resume state, is refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.sim.params import PhysicalParams
+from stages.train import TrainConfig, train
+
+CFG = TrainConfig(task="cartpole", iterations=4, num_envs=16, steps_per_env=16, hidden_dims=(16, 16), seed=3)
+TWIN = PhysicalParams()
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_at(iteration: int):
+    def on_iteration(it: int, metrics: dict) -> None:
+        if it == iteration:
+            raise Crash
+
+    return on_iteration
+
+
+def states(path) -> dict:
+    saved = torch.load(path, weights_only=False)
+    return {k: saved[k] for k in ("actor_state_dict", "critic_state_dict", "optimizer_state_dict")} | \
+        {"iter": saved["iter"]}
+
+
+def assert_same(a, b) -> None:
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b) and all(assert_same(x, y) is None for x, y in zip(a, b))
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    else:
+        assert a == b
+
+
+def test_resume_after_a_crash_equals_the_uninterrupted_run(tmp_path):
+    straight = train(CFG, TWIN, tmp_path / "straight")
+    crashed = CFG.model_copy(update={"checkpoint_every": 2})
+    with pytest.raises(Crash):
+        train(crashed, TWIN, tmp_path / "crashed", on_iteration=crash_at(2))  # dies in iteration 3 of 4
+    assert torch.load(tmp_path / "crashed" / "model.pt", weights_only=False)["iter"] == 2  # the periodic checkpoint
+    seen = []
+    resumed = train(crashed, TWIN, tmp_path / "resumed", on_iteration=lambda it, m: seen.append(it),
+                    resume=tmp_path / "crashed" / "model.pt")
+    assert seen == [2, 3] and resumed.iterations == straight.iterations == 4
+    assert_same(states(resumed.path), states(straight.path))
+    other_seed = train(CFG.model_copy(update={"seed": 4}), TWIN, tmp_path / "other")
+    with pytest.raises(AssertionError):
+        assert_same(states(other_seed.path), states(straight.path))  # the comparison can fail
+
+
+def test_resume_refuses_another_runs_checkpoint(tmp_path):
+    ckpt = train(CFG.model_copy(update={"iterations": 1}), TWIN, tmp_path / "a").path
+    with pytest.raises(ValueError, match=r"different config: learning_rate 0\.001 -> 0\.002"):
+        train(CFG.model_copy(update={"learning_rate": 2e-3}), TWIN, tmp_path / "b", resume=ckpt)
+    with pytest.raises(ValueError, match="different twin"):
+        train(CFG, PhysicalParams(damping=1.5), tmp_path / "b", resume=ckpt)
+    with pytest.raises(ValueError, match="already has 1 iterations"):
+        train(CFG.model_copy(update={"iterations": 1}), TWIN, tmp_path / "b", resume=ckpt)
+    with pytest.raises(ValueError, match="warm_start or resume"):
+        train(CFG, TWIN, tmp_path / "b", warm_start=ckpt, resume=ckpt)
+    saved = torch.load(ckpt, weights_only=False)
+    del saved["resume"]
+    torch.save(saved, tmp_path / "plain.pt")
+    with pytest.raises(ValueError, match="holds no resume state"):
+        train(CFG, TWIN, tmp_path / "b", resume=tmp_path / "plain.pt")
+    assert not (tmp_path / "b").exists()  # nothing half-written
