@@ -98,6 +98,37 @@ def test_evaluation_counts_falls(quad, tmp_path):
     assert roll.fell.all() and not roll.success.any() and np.all(roll.steps < quad.episode_steps)
 
 
+def test_quadruped_suite_pushes_the_base_and_counts_falls(quad, tmp_path):
+    from stages.artifacts import ExportedPolicy
+    from stages.twin.calibrate import twin_from_file
+    from stages.twin.evaluate import episodes_in
+    from stages.twin.suite import SUITES, Scenario, load_suite, suite_path
+
+    assert suite_path("quadruped") == SUITES / "quadruped.yaml"
+    suite = load_suite(suite_path("quadruped"))
+    default = {s.name: s for s in load_suite(SUITES / "default.yaml").scenarios}
+    mine = {s.name: s for s in suite.scenarios}
+    assert set(mine) == set(default) - {"pushes"} | {"base-push"}
+    assert all(mine[name] == default[name] for name in set(mine) - {"base-push"})
+    push = mine["base-push"].disturbance
+    assert push.push_on == "base" and push.push > 0 and mine["base-push"].min_success_rate is not None
+
+    standing = constant_onnx(tmp_path / "stand.onnx", quad.action_default)
+    policy = ExportedPolicy(path=standing, digest="stand" * 4, task="quadruped", opset=17, parity_max_abs_error=0.0,
+                            golden=standing)
+    report = evaluate(EvalConfig(episodes=4, video=False), GateConfig(), policy, twin_from_file(None, "quadruped"),
+                      tmp_path / "eval")
+    import json
+
+    rows = {r["scenario"]: r for r in json.loads(report.path.read_text())["scenarios"]}
+    assert list(rows) == [s.name for s in suite.scenarios] and rows["base-push"]["episodes"] == 4
+    assert rows["base-push"]["falls"] == 0 and rows["base-push"]["success_rate"] == 1.0  # the stance holds 0.5 × weight
+    assert any(r.startswith("pass: base-push: success rate") for r in report.reasons)
+    shove = Scenario(name="shove", disturbance=push.model_copy(update={"push": 2.0}))  # 2 × weight for 0.1 s
+    shoved = episodes_in(standing, "quadruped", shove, PhysicalParams(), 1000, 4)
+    assert shoved.fell.all() and not shoved.success.any() and np.all(shoved.steps < quad.episode_steps)
+
+
 def test_init_spread_scales_around_the_standing_pose(quad):
     plain = BatchedEnv(quad, 4, seed=3)
     wide = BatchedEnv(quad, 4, seed=3, disturbance=Disturbance(init_spread=2.0))

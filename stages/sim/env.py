@@ -13,7 +13,7 @@ import mujoco
 import numpy as np
 from mujoco import rollout
 
-from stages.sim.disturbance import Disturbance, peak_forces, spread
+from stages.sim.disturbance import Disturbance, push_basis, push_coefficients, spread
 from stages.sim.params import PhysicalParams, Randomization, apply_params, sample_params
 from stages.sim.task import Task
 
@@ -71,9 +71,10 @@ class BatchedEnv:
         pushes = self.disturbance.push > 0
         self._control_spec = mujoco.mjtState.mjSTATE_CTRL | (mujoco.mjtState.mjSTATE_QFRC_APPLIED if pushes else 0)
         self._control = np.zeros((num_envs, task.decimation, nominal.nu + (nominal.nv if pushes else 0)))
-        self._push_force = self.disturbance.push * peak_forces(nominal)
+        self._push_force = push_basis(nominal, self.disturbance, task.name)
         self._push_phase = np.zeros(num_envs, dtype=np.int64)
-        self._push_sign = np.ones(num_envs)
+        self._push_sign = np.ones((num_envs, len(self._push_force)))
+        """(N, k) each environment's current push: its coefficients on the k rows of ``_push_force``."""
         self.obs_bias = np.zeros((num_envs, task.obs_dim), dtype=np.float32)
         max_latency = self.centre.latency_steps + 1
         self._action_queue = np.zeros((max_latency, num_envs, self.nu), dtype=np.float32)
@@ -192,10 +193,11 @@ class BatchedEnv:
         return StepResult(obs, reward, terminated, truncated, done, returns, success, final_obs, qpos)
 
     def _push_forces(self) -> np.ndarray:
-        """(N, nv) this step's push: on for ``push_steps`` of every ``push_every`` steps, random sign per push."""
+        """(N, nv) this step's push: on for ``push_steps`` of every ``push_every`` steps, a random sign or direction
+        per push."""
         d = self.disturbance
         phase = (self.episode_step + self._push_phase) % d.push_every
         starting = phase == 0
-        self._push_sign[starting] = self.rng.choice([-1.0, 1.0], int(starting.sum()))
+        self._push_sign[starting] = push_coefficients(d, self.rng, int(starting.sum()))
         on = (phase < d.push_steps) & (self.episode_step > 0)
-        return np.where(on[:, None], self._push_sign[:, None] * self._push_force, 0.0)
+        return np.where(on[:, None], self._push_sign @ self._push_force, 0.0)
