@@ -48,7 +48,8 @@ def main() -> None:
     ctrl = np.repeat(actions.astype(np.float64)[:, :, None, :], task.decimation, axis=2)
     start = time.perf_counter()
     for c in ctrl:
-        pool.rollout(models, datas, state, c, nstep=task.decimation, skip_checks=True, state=out, sensordata=sens)
+        pool.rollout(models, datas, state, c, nstep=task.decimation, skip_checks=True, state=out, sensordata=sens,
+                     chunk_size=env.chunk_size)  # the env's own chunking: the reference gets the same speed-up
         state[:] = out[:, -1]
     t_raw = time.perf_counter() - start
 

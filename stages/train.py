@@ -8,11 +8,14 @@ rsl_rl's format (``actor_state_dict`` incl. the observation normalizer, ``critic
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -51,6 +54,8 @@ class TrainConfig(BaseModel):
     eval_episodes: int = Field(16, ge=1, description="Episodes per deterministic evaluation (fixed seeds).")
     target_return: Optional[float] = Field(None, description="Stop once a deterministic evaluation reaches this return.")
     checkpoint_every: int = Field(0, ge=0, description="Also write the checkpoint every N iterations (0: at the end).")
+    overlap: bool = Field(False, description="Collect the next rollout while the update runs (one policy lag; "
+                                             "not bit-reproducible). See benchmarks/overlap.py for when it pays.")
 
 
 RESUMABLE_CHANGES = frozenset({"iterations", "eval_every", "eval_episodes", "target_return", "checkpoint_every",
@@ -146,6 +151,87 @@ def deterministic_return(actor: torch.nn.Module, task: Task, twin: PhysicalParam
     return float(first.mean())
 
 
+@dataclass
+class Collected:
+    seconds: float = 0.0
+    """Wall time of collecting the rollout the update uses (overlapped: collected during the previous update)."""
+
+
+class Sampler:
+    """Collects each rollout into ``alg.storage`` right before its update."""
+
+    def __init__(self, alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig) -> None:
+        self.alg, self.vec_env, self.steps = alg, vec_env, cfg.steps_per_env
+
+    def _collect(self, acting: PPO) -> float:
+        start = time.perf_counter()
+        obs = self.vec_env.get_observations()
+        with torch.inference_mode():
+            for _ in range(self.steps):
+                actions = acting.act(obs)
+                obs, rewards, dones, extras = self.vec_env.step(actions)
+                acting.process_env_step(obs, rewards, dones, extras)
+            acting.compute_returns(obs)
+        return time.perf_counter() - start
+
+    @contextlib.contextmanager
+    def rollout(self, more: bool) -> Iterator[Collected]:
+        """On entry ``alg.storage`` holds a fresh on-policy rollout; the block runs the update."""
+        yield Collected(self._collect(self.alg))
+
+
+class OverlappedSampler(Sampler):
+    """Collects the next rollout with a copy of the current policy on a second thread while the update runs.
+
+    The physics releases the GIL and the update runs in torch's kernels, so the two share the cores. The
+    update then learns from data one policy old (PPO's clipped ratio against the stored log-probabilities
+    of the acting copy absorbs that); the two threads draw from torch's global RNG in a varying order, so
+    a run is not bit-reproducible."""
+
+    def __init__(self, alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig) -> None:
+        super().__init__(alg, vec_env, cfg)
+        self.acting = build_algorithm(cfg, vec_env)  # its own actor/critic copy and its own storage
+        self.acting.train_mode()
+        self.ready: Optional[float] = None  # seconds the rollout now in acting.storage took
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+
+    def _sync(self) -> None:
+        self.acting.actor.load_state_dict(self.alg.actor.state_dict())
+        self.acting.critic.load_state_dict(self.alg.critic.state_dict())
+
+    def _background(self) -> None:
+        try:
+            self.ready = self._collect(self.acting)
+        except BaseException as e:  # re-raised on the training thread
+            self._error = e
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    @contextlib.contextmanager
+    def rollout(self, more: bool) -> Iterator[Collected]:
+        if self.ready is None:  # the first rollout, or the one after an error: collect it now
+            self._sync()
+            self.ready = self._collect(self.acting)
+        collected = Collected(self.ready)
+        self.alg.storage, self.acting.storage = self.acting.storage, self.alg.storage
+        self.ready = None
+        self._sync()
+        if more:
+            self._thread = threading.Thread(target=self._background, name="sim2edge-rollout", daemon=True)
+            self._thread.start()
+        try:
+            yield collected
+        finally:
+            self._join()
+
+
 def train(
     cfg: TrainConfig,
     twin: PhysicalParams,
@@ -170,22 +256,18 @@ def train(
     if warm_start is not None:
         alg.load(torch.load(warm_start, weights_only=False), {"actor": True, "critic": True}, strict=True)
     first = _resume(alg, vec_env, cfg, twin, resume) if resume is not None else 0
-    obs = vec_env.get_observations()
     alg.train_mode()
     last_return = -math.inf
     iterations = cfg.iterations
+    sampler = (OverlappedSampler if cfg.overlap else Sampler)(alg, vec_env, cfg)
     for it in range(first, cfg.iterations):
         good = copy.deepcopy(_state(alg, vec_env, twin))  # after the last finite update (normalizer included)
         start = time.perf_counter()
         try:
-            with torch.inference_mode():
-                for _ in range(cfg.steps_per_env):
-                    actions = alg.act(obs)
-                    obs, rewards, dones, extras = vec_env.step(actions)
-                    alg.process_env_step(obs, rewards, dones, extras)
-                alg.compute_returns(obs)
-            collect = time.perf_counter() - start
-            losses = alg.update()
+            with sampler.rollout(more=it + 1 < cfg.iterations) as collect:
+                update_start = time.perf_counter()
+                losses = alg.update()
+                update = time.perf_counter() - update_start
         except (ValueError, RuntimeError):  # torch refuses to sample from a NaN mean or std mid-update
             if all_finite(alg):
                 raise
@@ -194,17 +276,17 @@ def train(
             ckpt = save_checkpoint(good, it, cfg, out_dir, last_return)
             raise NonFiniteTraining(f"iteration {it}: training diverged (NaN/Inf in {', '.join(losses)}); the last good "
                                     f"checkpoint (after {it} iterations) is {ckpt.path}")
-        update = time.perf_counter() - start - collect
         if vec_env.finished_returns:
             last_return = float(np.mean(vec_env.finished_returns))
         metrics = {
             "mean_return": last_return,
             "success_rate": float(np.mean(vec_env.finished_success)) if vec_env.finished_success else 0.0,
             "episodes": float(len(vec_env.finished_returns)),
-            "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect,
-            "collect_time_s": collect,
+            "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect.seconds,
+            "collect_time_s": collect.seconds,
+            "iteration_time_s": time.perf_counter() - start,
             "update_time_s": update,
-            "sample_time_share": collect / (collect + update),
+            "sample_time_share": collect.seconds / (collect.seconds + update),
             **{f"loss_{k}": float(v) for k, v in losses.items()},
         }
         vec_env.finished_returns.clear()

@@ -76,3 +76,30 @@ def test_resume_refuses_another_runs_checkpoint(tmp_path):
     with pytest.raises(ValueError, match="holds no resume state"):
         train(CFG, TWIN, tmp_path / "b", resume=tmp_path / "plain.pt")
     assert not (tmp_path / "b").exists()  # nothing half-written
+
+
+def test_overlapped_collection_trains_with_one_policy_lag(tmp_path):
+    """overlap=True collects the next rollout on a second thread during the update: a complete run whose
+    weights differ from the sequential run's (the update sees data one policy old)."""
+    seen = []
+    overlapped = train(CFG.model_copy(update={"overlap": True}), TWIN, tmp_path / "o",
+                       on_iteration=lambda it, m: seen.append(m))
+    sequential = train(CFG, TWIN, tmp_path / "s")
+    assert overlapped.iterations == 4 and len(seen) == 4
+    assert all(m["collect_time_s"] > 0 and m["iteration_time_s"] > 0 and 0 < m["sample_time_share"] < 1 for m in seen)
+    with pytest.raises(AssertionError):
+        assert_same(states(overlapped.path), states(sequential.path))
+    saved = torch.load(overlapped.path, weights_only=False)
+    assert all(torch.isfinite(t).all() for t in saved["actor_state_dict"].values() if t.is_floating_point())
+
+
+def test_a_diverging_overlapped_run_stops_with_a_finite_checkpoint(monkeypatch, tmp_path):
+    from stages.sim import registry
+    from stages.train import NonFiniteTraining, load_actor
+    from tests.test_resume import TINY, Diverging
+
+    monkeypatch.setitem(registry._FACTORIES, "diverging", Diverging)
+    monkeypatch.delitem(registry._BUILT, "diverging", raising=False)
+    with pytest.raises(NonFiniteTraining, match=r"iteration [23]: training diverged"):
+        train(TINY.model_copy(update={"task": "diverging", "overlap": True}), TWIN, tmp_path / "d")
+    assert all(torch.isfinite(p).all() for p in load_actor(tmp_path / "d" / "model.pt").parameters())

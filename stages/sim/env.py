@@ -14,7 +14,7 @@ import numpy as np
 from mujoco import rollout
 
 from stages.sim.disturbance import Disturbance, push_basis, push_coefficients, spread
-from stages.sim.params import PhysicalParams, Randomization, apply_params, sample_params
+from stages.sim.params import PhysicalParams, Randomization, actuated_dofs, apply_params, sample_params_batch
 from stages.sim.task import Task
 
 STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
@@ -61,8 +61,11 @@ class BatchedEnv:
         nominal = task.model
         self.models = [copy.deepcopy(nominal) for _ in range(num_envs)]
         self.params: list[PhysicalParams] = [self.centre] * num_envs
+        self._actuated = actuated_dofs(nominal)
         self._datas = [mujoco.MjData(nominal) for _ in range(nthread)]
         self._pool = rollout.Rollout(nthread=nthread)
+        self.chunk_size = -(-num_envs // nthread)
+        """Envs per rollout task: one chunk per thread (≈10% faster than mujoco's default of smaller chunks here)."""
         self.nq, self.nv, self.nu = nominal.nq, nominal.nv, nominal.nu
         nstate = mujoco.mj_stateSize(nominal, STATE_SPEC)
         self.state = np.zeros((num_envs, nstate))
@@ -109,7 +112,7 @@ class BatchedEnv:
             getattr(self, k)[...] = snap["arrays"][k]
         self.params = [PhysicalParams(**p) for p in snap["params"]]
         for model, p in zip(self.models, self.params):
-            apply_params(model, self.task.model, p, self.task.mass_mask)
+            apply_params(model, self.task.model, p, self.task.mass_mask, self._actuated)
         self.rng.bit_generator.state = snap["rng"]
 
     def reset(self, mask: np.ndarray | None = None) -> np.ndarray:
@@ -122,10 +125,11 @@ class BatchedEnv:
             self.obs_bias[idx] = self.rng.uniform(-d.obs_bias, d.obs_bias, (len(idx), self.task.obs_dim))
         if d.push:
             self._push_phase[idx] = self.rng.integers(0, d.push_every, len(idx))
-        for i in idx:
-            p = sample_params(self.centre, self.randomization, self.rng) if self.randomization else self.centre
+        drawn = (sample_params_batch(self.centre, self.randomization, self.rng, len(idx)) if self.randomization
+                 else [self.centre] * len(idx))
+        for i, p in zip(idx, drawn):
             if self.randomization or mask is None:
-                apply_params(self.models[i], self.task.model, p, self.task.mass_mask)
+                apply_params(self.models[i], self.task.model, p, self.task.mass_mask, self._actuated)
             self.params[i] = p
             self.obs_noise[i] = p.obs_noise
         self.state[idx] = 0.0
@@ -160,7 +164,9 @@ class BatchedEnv:
 
     def step(self, action: np.ndarray) -> StepResult:
         """Hold ``action`` (N, nu) for one control period, then compute terms and auto-reset."""
-        self._action_queue = self._push(np.asarray(action, dtype=np.float32))
+        queue = self._action_queue  # shift in place (what _push returns, without the copies)
+        queue[1:] = queue[:-1].copy()
+        np.clip(action, -1.0, 1.0, out=queue[0])
         history = {"last_action": self.last_action.copy()} if self.task.action_history else {}
         self.last_action[:] = self._action_queue[0]
         self._control[:, :, : self.nu] = self._controls(self._action_queue)[:, None, :]
@@ -169,6 +175,7 @@ class BatchedEnv:
         self._pool.rollout(
             self.models, self._datas, self.state, self._control, control_spec=self._control_spec,
             nstep=self.task.decimation, skip_checks=True, state=self._state_out, sensordata=self._sens_out,
+            chunk_size=self.chunk_size,
         )
         self.state[:] = self._state_out[:, -1]
         qpos, qvel = self.qpos.copy(), self.qvel

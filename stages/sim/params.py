@@ -53,16 +53,19 @@ def actuated_dofs(model: mujoco.MjModel) -> np.ndarray:
 
 
 def apply_params(
-    model: mujoco.MjModel, nominal: mujoco.MjModel, params: PhysicalParams, mass_mask: np.ndarray
+    model: mujoco.MjModel, nominal: mujoco.MjModel, params: PhysicalParams, mass_mask: np.ndarray,
+    actuated: np.ndarray | None = None,
 ) -> mujoco.MjModel:
     """Write ``params`` into ``model`` (same structure as ``nominal``) and return it.
 
-    ``mass_mask`` (nbody,) selects the bodies whose mass and inertia ``params.mass`` scales.
+    ``mass_mask`` (nbody,) selects the bodies whose mass and inertia ``params.mass`` scales;
+    ``actuated``: ``actuated_dofs(nominal)``, if the caller has it already.
     """
     scale = np.where(mass_mask, params.mass, 1.0)
+    actuated = actuated_dofs(nominal) if actuated is None else actuated
     model.dof_damping[:] = nominal.dof_damping * params.damping
     model.dof_armature[:] = nominal.dof_armature * params.armature
-    model.dof_frictionloss[:] = nominal.dof_frictionloss + np.where(actuated_dofs(nominal), params.friction, 0.0)
+    model.dof_frictionloss[:] = nominal.dof_frictionloss + np.where(actuated, params.friction, 0.0)
     # force = gain·ctrl + bias₁·length + bias₂·velocity: scaling gain and both bias terms scales a motor's
     # torque and a servo's kp and kv alike, and keeps a servo's setpoint where it was
     model.actuator_gainprm[:, 0] = nominal.actuator_gainprm[:, 0] * params.actuator_gain
@@ -74,7 +77,17 @@ def apply_params(
 
 def sample_params(centre: PhysicalParams, ranges: Randomization, rng: np.random.Generator) -> PhysicalParams:
     """Uniform sample around ``centre``: each scale times U(1-r, 1+r); noise and friction add U(0, r)."""
-    scaled = {name: getattr(centre, name) * rng.uniform(1 - getattr(ranges, name), 1 + getattr(ranges, name)) for name in SCALED}
-    noise = centre.obs_noise + rng.uniform(0.0, ranges.obs_noise)
-    friction = centre.friction + rng.uniform(0.0, ranges.friction)
-    return centre.model_copy(update={**scaled, "obs_noise": noise, "friction": friction})
+    return sample_params_batch(centre, ranges, rng, 1)[0]
+
+
+def sample_params_batch(centre: PhysicalParams, ranges: Randomization, rng: np.random.Generator,
+                        n: int) -> list[PhysicalParams]:
+    """``n`` samples as :func:`sample_params` draws them one after another (the same random stream), vectorized."""
+    u = rng.random((n, len(SCALED) + 2))
+    half = np.array([getattr(ranges, name) for name in SCALED])
+    scales = (1 - half) + ((1 + half) - (1 - half)) * u[:, : len(SCALED)]  # what rng.uniform(1-r, 1+r) computes
+    values = np.array([getattr(centre, name) for name in SCALED]) * scales
+    noise = centre.obs_noise + ranges.obs_noise * u[:, -2]
+    friction = centre.friction + ranges.friction * u[:, -1]
+    return [centre.model_copy(update={**dict(zip(SCALED, v.tolist())), "obs_noise": float(o), "friction": float(f)})
+            for v, o, f in zip(values, noise, friction)]

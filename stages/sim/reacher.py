@@ -34,6 +34,11 @@ def fingertip(qpos: np.ndarray) -> np.ndarray:
     return np.stack([LINK * np.cos(a) + TIP * np.cos(b), LINK * np.sin(a) + TIP * np.sin(b)], axis=1)
 
 
+def _distance(qpos: np.ndarray) -> np.ndarray:
+    d = fingertip(qpos) - qpos[:, 2:]
+    return np.sqrt(np.einsum("ij,ij->i", d, d))
+
+
 @dataclass(frozen=True)
 class Reacher(Task):
     name: str = "reacher"
@@ -70,11 +75,10 @@ class Reacher(Task):
         return np.concatenate([np.cos(theta), np.sin(theta), qpos[:, 2:], qvel[:, :2], delta], axis=1).astype(np.float32)
 
     def reward(self, qpos: np.ndarray, qvel: np.ndarray, action: np.ndarray) -> np.ndarray:
-        dist = np.linalg.norm(fingertip(qpos) - qpos[:, 2:], axis=1)
-        return (-dist - np.sum(action**2, axis=1)).astype(np.float32)
+        return (-_distance(qpos) - np.einsum("ij,ij->i", action, action)).astype(np.float32)
 
     def terminated(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
         return np.zeros(len(qpos), dtype=bool)
 
     def succeeded(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
-        return np.linalg.norm(fingertip(qpos) - qpos[:, 2:], axis=1) < self.success_distance
+        return _distance(qpos) < self.success_distance
