@@ -16,6 +16,9 @@ LABEL = "stand-in"
 _HIDDEN: dict[str, PhysicalParams] = {
     "cartpole": PhysicalParams(damping=1.6, actuator_gain=0.85, mass=1.25, friction=0.3, latency_steps=0, obs_noise=0.002),
     "reacher": PhysicalParams(damping=1.35, actuator_gain=0.88, mass=1.2, friction=2.0, latency_steps=1, obs_noise=0.002),
+    "arm6": PhysicalParams(damping=1.25, actuator_gain=0.9, mass=1.15, friction=0.45, latency_steps=1, obs_noise=0.002),
+    "quadruped": PhysicalParams(damping=1.25, actuator_gain=0.92, mass=1.15, friction=0.08, latency_steps=1,
+                                obs_noise=0.002),
 }
 
 
