@@ -5,6 +5,22 @@ that the twin does not know. Everything it produces is labelled ``stand-in``. It
 stays at the datasheet (MJCF) value: with gain and damping, armature is only identifiable
 through gravity or link inertia, which the planar reacher lacks (its 1 kg m² armature dwarfs
 its links), so a hidden armature shift there would be fitted as a gain and damping shift.
+
+Each profile shifts what calibration fits (damping, gain, mass, friction, latency) and says
+what the robot reveals of it:
+
+- cartpole: all are recovered.
+- reacher: link mass hides behind the armature; calibration flags it unidentifiable.
+- arm6: gravity loads every link and the wrist's armature dominates its small links' inertia, so
+  gain, damping and the links' mass separate, and all four are recovered. Friction is 0.45 N m (3%
+  of a wrist servo's 15 N m peak): at 0.3 N m it barely moved the replay error and fitted 40% low.
+  It must also stay inside calibration's friction search, 0.2 × the largest ctrlrange (for
+  position servos that is 2.6 rad, so the search ends at 0.52 N m).
+- quadruped: the legs' servo gain and damping and the torso payload are recovered. Leg friction
+  is 0.08 N m, inside the training randomization U(0, 0.1): 0.3% of the servos' 25 N m peak,
+  below what replays with foot contacts resolve, so calibration flags it unidentifiable (holds
+  the prior) and the policy relies on the randomization there. (At 0.2 N m it starts to show,
+  ~15% off, and drags the payload fit ~10% off with it.)
 """
 
 from __future__ import annotations
