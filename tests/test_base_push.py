@@ -66,6 +66,19 @@ def test_seeded_base_pushes_replay_identically(quad):
     assert not np.allclose(runs[0].qvel[:, :2], runs[2].qvel[:, :2])
 
 
+def test_a_snapshot_resumes_base_pushes_exactly(quad):
+    d = Disturbance(push=0.5, push_on="base", push_every=7, push_steps=3)
+    env, resumed = BatchedEnv(quad, 4, seed=3, disturbance=d), BatchedEnv(quad, 4, seed=9, disturbance=d)
+    stand = np.zeros((4, quad.act_dim))
+    for _ in range(9):  # mid-push for some environments
+        env.step(stand)
+    resumed.restore(env.snapshot())
+    for _ in range(20):
+        env.step(stand)
+        resumed.step(stand)
+    np.testing.assert_array_equal(env.state, resumed.state)
+
+
 @pytest.mark.parametrize("task", ["cartpole", "arm6"])
 def test_a_base_push_needs_a_free_joint(task):
     with pytest.raises(ValueError, match=rf"task '{task}': Disturbance.push_on='base'.*no free joint"):
