@@ -14,13 +14,10 @@ what the robot reveals of it:
 - arm6: gravity loads every link and the wrist's armature dominates its small links' inertia, so
   gain, damping and the links' mass separate, and all four are recovered. Friction is 0.45 N m (3%
   of a wrist servo's 15 N m peak): at 0.3 N m it barely moved the replay error and fitted 40% low.
-  It must also stay inside calibration's friction search, 0.2 × the largest ctrlrange (for
-  position servos that is 2.6 rad, so the search ends at 0.52 N m).
 - quadruped: the legs' servo gain and damping and the torso payload are recovered. Leg friction
-  is 0.08 N m, inside the training randomization U(0, 0.1): 0.3% of the servos' 25 N m peak,
-  below what replays with foot contacts resolve, so calibration flags it unidentifiable (holds
-  the prior) and the policy relies on the randomization there. (At 0.2 N m it starts to show,
-  ~15% off, and drags the payload fit ~10% off with it.)
+  is 0.08 N m, inside the training randomization U(0, 0.1): 0.3% of the servos' 25 N m peak. It
+  is fitted within a few percent, but with a wide stated uncertainty (±45%): replays with foot
+  contacts barely resolve it.
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ def test_arm6_calibration_recovers_every_hidden_parameter(tmp_path):
     assert twin.replay_error_after * 20 < twin.replay_error_before
 
 
-def test_quadruped_calibration_recovers_gain_damping_payload_and_flags_friction(tmp_path):
-    """0.08 N m of leg friction is under 1% of the servo torques, below what contact-rich 0.4 s replays resolve."""
+def test_quadruped_calibration_recovers_gain_damping_payload_and_a_wide_friction_interval(tmp_path):
+    """0.08 N m of leg friction is 0.3% of the servo torques: fitted, but contact-rich 0.4 s replays hardly resolve it."""
     store = DatasetStore(tmp_path / "ds", load("quadruped"), "quadruped")
     ds = record_standin(store, StandinConfig(episodes=8), tmp_path / "uploads").dataset
     twin = calibrate(CalibrateConfig(max_windows=64, generations=30, search_generations=6, max_latency=1), ds,
@@ -43,5 +43,6 @@ def test_quadruped_calibration_recovers_gain_damping_payload_and_flags_friction(
     assert twin.params.latency_steps == truth.latency_steps
     for name in ("damping", "actuator_gain", "mass"):
         assert getattr(twin.params, name) == pytest.approx(getattr(truth, name), rel=0.1), name
-    assert twin.unidentified == ("friction",) and twin.params.friction == 0.0 and "friction" not in twin.uncertainty
+    assert twin.unidentified == () and twin.params.friction == pytest.approx(truth.friction, rel=0.25)
+    assert twin.uncertainty["friction"] > 0.2 > max(twin.uncertainty[n] for n in ("damping", "actuator_gain", "mass"))
     assert twin.replay_error_after * 10 < twin.replay_error_before

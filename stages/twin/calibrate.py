@@ -27,6 +27,7 @@ from stages import logs, standin
 from stages.artifacts import Dataset, TwinSpec, atomic_dir, sha256_json
 from stages.collect.store import dataset_files
 from stages.sim.env import STATE_SPEC
+from stages.sim.disturbance import peak_forces
 from stages.sim.params import PhysicalParams, apply_params
 from stages.sim.registry import load
 from stages.sim.task import Task
@@ -112,9 +113,9 @@ class Replayer:
 
 
 def max_effort(task: Task) -> float:
-    """The largest actuator force or torque (gear × control limit), the unit of the friction search."""
-    m = task.model
-    return float(np.max(np.abs(m.actuator_gear[:, 0:1] * m.actuator_ctrlrange)))
+    """The largest actuator force or torque, the unit of the friction search: a motor's gear × control limit, a
+    position servo's force limit (its control range is an angle, not an effort)."""
+    return float(peak_forces(task.model).max())
 
 
 class Search:
