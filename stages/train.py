@@ -81,6 +81,7 @@ class RslRlEnv(VecEnv):
         self._obs = env.observe()
         self.finished_returns: list[float] = []
         self.finished_success: list[bool] = []
+        self.finished_lengths: list[int] = []
 
     def snapshot(self) -> dict:
         return {"env": self.env.snapshot(), "obs": self._obs.copy()}
@@ -98,6 +99,7 @@ class RslRlEnv(VecEnv):
         self._obs = r.obs
         self.finished_returns.extend(r.finished_returns.tolist())
         self.finished_success.extend(r.finished_success.tolist())
+        self.finished_lengths.extend(r.finished_lengths.tolist())
         self.episode_length_buf = torch.from_numpy(self.env.episode_step)
         dones = torch.from_numpy(r.terminated | r.truncated).long()
         extras = {"time_outs": torch.from_numpy(r.truncated).float()}
@@ -282,6 +284,7 @@ def train(
             "mean_return": last_return,
             "success_rate": float(np.mean(vec_env.finished_success)) if vec_env.finished_success else 0.0,
             "episodes": float(len(vec_env.finished_returns)),
+            "mean_episode_length": float(np.mean(vec_env.finished_lengths)) if vec_env.finished_lengths else math.nan,
             "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect.seconds,
             "collect_time_s": collect.seconds,
             "iteration_time_s": time.perf_counter() - start,
@@ -291,6 +294,7 @@ def train(
         }
         vec_env.finished_returns.clear()
         vec_env.finished_success.clear()
+        vec_env.finished_lengths.clear()
         if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
             start = time.perf_counter()
             metrics["eval_return"] = deterministic_return(alg.actor, task, twin, cfg.eval_episodes, cfg.nthread)

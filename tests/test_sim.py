@@ -74,3 +74,23 @@ def test_action_latency_delays_the_applied_control():
     env.step(np.array([[0.7]]))
     applied.append(env.controls_preview(np.array([[0.9]])).item())
     assert applied == [0.0, 0.5]
+
+
+def test_latency_randomized_per_environment_delays_each_by_its_own_steps():
+    task = registry.load("cartpole")
+    ranges = Randomization(latency_steps=2)
+    env = BatchedEnv(task, 64, params=PhysicalParams(latency_steps=1), randomization=ranges, seed=3)
+    assert set(env.latency.tolist()) == {1, 2, 3} and [p.latency_steps for p in env.params] == env.latency.tolist()
+    actions = np.linspace(-0.9, 0.9, 5)
+    applied = []
+    for a in actions:
+        applied.append(env.controls_preview(np.full((64, 1), a))[:, 0])
+        env.step(np.full((64, 1), a))
+    scale, default = task.action_scale[0], task.action_default[0]
+    for i, lat in enumerate(env.latency):
+        expected = [0.0 if t < lat else actions[t - lat] for t in range(len(actions))]
+        assert np.allclose((np.array(applied)[:, i] - default) / scale, expected), (i, lat)
+    again = BatchedEnv(task, 64, params=PhysicalParams(latency_steps=1), randomization=ranges, seed=3)
+    assert np.array_equal(again.latency, BatchedEnv(task, 64, params=PhysicalParams(latency_steps=1),
+                                                    randomization=ranges, seed=3).latency)
+    assert sample_params(PhysicalParams(), Randomization(), np.random.default_rng(0)).latency_steps == 0

@@ -39,6 +39,12 @@ def test_metrics_reported_per_iteration(tmp_path):
     assert [it for it, _ in seen] == [0, 1]
     assert {"mean_return", "env_steps_per_s", "update_time_s", "collect_time_s", "sample_time_share"} <= set(seen[0][1])
     assert all(0 < m["sample_time_share"] < 1 for _, m in seen)
+    assert all(np.isnan(m["mean_episode_length"]) for _, m in seen if m["episodes"] == 0)
+    steps = load("cartpole").episode_steps
+    long = []
+    train(TINY.model_copy(update={"iterations": 1, "steps_per_env": steps + 1}), PhysicalParams(), tmp_path / "l",
+          on_iteration=lambda it, m: long.append(m))
+    assert long[0]["episodes"] >= 8 and 1 <= long[0]["mean_episode_length"] <= steps
 
 
 def test_deterministic_evaluation_is_repeatable_and_stops_at_the_target(tmp_path):

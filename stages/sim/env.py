@@ -32,6 +32,8 @@ class StepResult:
     """Episodes that ended in this step; the ``finished_*`` arrays follow ``np.flatnonzero(done)``."""
     finished_returns: np.ndarray
     finished_success: np.ndarray
+    finished_lengths: np.ndarray
+    """Control steps of each finished episode."""
     final_obs: np.ndarray
     """Observations of the finished episodes' last states, before the auto-reset."""
     qpos: np.ndarray
@@ -79,7 +81,9 @@ class BatchedEnv:
         self._push_sign = np.ones((num_envs, len(self._push_force)))
         """(N, k) each environment's current push: its coefficients on the k rows of ``_push_force``."""
         self.obs_bias = np.zeros((num_envs, task.obs_dim), dtype=np.float32)
-        max_latency = self.centre.latency_steps + 1
+        max_latency = self.centre.latency_steps + (randomization.latency_steps if randomization else 0) + 1
+        self.latency = np.full(num_envs, self.centre.latency_steps)
+        """(N,) each environment's action delay in control steps (randomized per episode with a latency range)."""
         self._action_queue = np.zeros((max_latency, num_envs, self.nu), dtype=np.float32)
         self.last_action = np.zeros((num_envs, self.nu), dtype=np.float32)
         """The policy's latest (clipped) action; what ``observe`` of an ``action_history`` task sees."""
@@ -97,7 +101,7 @@ class BatchedEnv:
         return self.state[:, 1 + self.nq : 1 + self.nq + self.nv]
 
     _SNAPSHOT = ("state", "obs_bias", "_push_phase", "_push_sign", "_action_queue", "last_action", "episode_step",
-                 "episode_return", "obs_noise")
+                 "episode_return", "obs_noise", "latency")
 
     def snapshot(self) -> dict:
         """Everything the next steps depend on (states, per-env physics, RNG), for an exact resume."""
@@ -132,6 +136,7 @@ class BatchedEnv:
                 apply_params(self.models[i], self.task.model, p, self.task.mass_mask, self._actuated)
             self.params[i] = p
             self.obs_noise[i] = p.obs_noise
+            self.latency[i] = p.latency_steps
         self.state[idx] = 0.0
         self.state[idx, 1 : 1 + self.nq] = qpos
         self.state[idx, 1 + self.nq : 1 + self.nq + self.nv] = qvel
@@ -156,7 +161,7 @@ class BatchedEnv:
 
     def _controls(self, queue: np.ndarray) -> np.ndarray:
         """Actuator controls from an action queue (newest first), after the action latency."""
-        return self.task.action_default + self.task.action_scale * queue[self.centre.latency_steps]
+        return self.task.action_default + self.task.action_scale * queue[self.latency, np.arange(self.num_envs)]
 
     def controls_preview(self, action: np.ndarray) -> np.ndarray:
         """Actuator controls that ``step(action)`` will apply."""
@@ -189,6 +194,7 @@ class BatchedEnv:
         truncated = (self.episode_step >= self.task.episode_steps) & ~terminated
         done = terminated | truncated
         returns = self.episode_return[done].copy()
+        lengths = self.episode_step[done].copy()
         success = truncated[done] & (returns >= self.task.success_threshold)
         if done.any():
             success &= self.task.succeeded(qpos[done], qvel[done])
@@ -197,7 +203,7 @@ class BatchedEnv:
             obs = self.reset(done)
         else:
             final_obs, obs = np.zeros((0, self.task.obs_dim), dtype=np.float32), self.observe()
-        return StepResult(obs, reward, terminated, truncated, done, returns, success, final_obs, qpos)
+        return StepResult(obs, reward, terminated, truncated, done, returns, success, lengths, final_obs, qpos)
 
     def _push_forces(self) -> np.ndarray:
         """(N, nv) this step's push: on for ``push_steps`` of every ``push_every`` steps, a random sign or direction

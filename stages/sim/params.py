@@ -42,6 +42,8 @@ class Randomization(BaseModel):
     mass: float = Field(0.2, ge=0, lt=1)
     friction: float = Field(0.0, ge=0, description="Extra friction sampled in [0, value] (joint units).")
     obs_noise: float = Field(0.0, ge=0, description="Extra noise std sampled in [0, value].")
+    latency_steps: int = Field(0, ge=0, description="Extra action delay sampled uniformly in {0, …, value} control "
+                                                    "steps, per environment.")
 
 
 def actuated_dofs(model: mujoco.MjModel) -> np.ndarray:
@@ -76,18 +78,25 @@ def apply_params(
 
 
 def sample_params(centre: PhysicalParams, ranges: Randomization, rng: np.random.Generator) -> PhysicalParams:
-    """Uniform sample around ``centre``: each scale times U(1-r, 1+r); noise and friction add U(0, r)."""
+    """Uniform sample around ``centre``: each scale times U(1-r, 1+r); noise and friction add U(0, r); latency adds
+    an integer in {0, …, r}."""
     return sample_params_batch(centre, ranges, rng, 1)[0]
 
 
 def sample_params_batch(centre: PhysicalParams, ranges: Randomization, rng: np.random.Generator,
                         n: int) -> list[PhysicalParams]:
-    """``n`` samples as :func:`sample_params` draws them one after another (the same random stream), vectorized."""
-    u = rng.random((n, len(SCALED) + 2))
+    """``n`` samples as :func:`sample_params` draws them one after another (the same random stream), vectorized.
+
+    A latency range adds one draw per sample (none without one, so other ranges keep their streams)."""
+    u = rng.random((n, len(SCALED) + 2 + (1 if ranges.latency_steps else 0)))
     half = np.array([getattr(ranges, name) for name in SCALED])
     scales = (1 - half) + ((1 + half) - (1 - half)) * u[:, : len(SCALED)]  # what rng.uniform(1-r, 1+r) computes
     values = np.array([getattr(centre, name) for name in SCALED]) * scales
-    noise = centre.obs_noise + ranges.obs_noise * u[:, -2]
-    friction = centre.friction + ranges.friction * u[:, -1]
-    return [centre.model_copy(update={**dict(zip(SCALED, v.tolist())), "obs_noise": float(o), "friction": float(f)})
-            for v, o, f in zip(values, noise, friction)]
+    k = len(SCALED)
+    noise = centre.obs_noise + ranges.obs_noise * u[:, k]
+    friction = centre.friction + ranges.friction * u[:, k + 1]
+    latency = centre.latency_steps + (np.floor(u[:, k + 2] * (ranges.latency_steps + 1)).astype(int)
+                                      if ranges.latency_steps else np.zeros(n, dtype=int))
+    return [centre.model_copy(update={**dict(zip(SCALED, v.tolist())), "obs_noise": float(o), "friction": float(f),
+                                      "latency_steps": int(lat)})
+            for v, o, f, lat in zip(values, noise, friction, latency)]
