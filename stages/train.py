@@ -26,6 +26,7 @@ from tensordict import TensorDict
 
 from edge.bundle import sha256_path
 from stages.artifacts import Checkpoint, atomic_dir
+from stages.sim.disturbance import Disturbance
 from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
@@ -54,6 +55,8 @@ class TrainConfig(BaseModel):
     eval_episodes: int = Field(16, ge=1, description="Episodes per deterministic evaluation (fixed seeds).")
     target_return: Optional[float] = Field(None, description="Stop once a deterministic evaluation reaches this return.")
     checkpoint_every: int = Field(0, ge=0, description="Also write the checkpoint every N iterations (0: at the end).")
+    disturbance: Disturbance = Field(default_factory=Disturbance, description="Pushes, sensor bias and initial-state "
+                                     "spread during training (e.g. base pushes for a legged robot); none by default.")
     overlap: bool = Field(False, description="Collect the next rollout while the update runs (one policy lag; "
                                              "not bit-reproducible). See benchmarks/overlap.py for when it pays.")
 
@@ -252,7 +255,8 @@ def train(
         raise ValueError("give warm_start or resume, not both")
     task = load(cfg.task)
     torch.manual_seed(cfg.seed)
-    env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization, seed=cfg.seed, nthread=cfg.nthread)
+    env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization, seed=cfg.seed, nthread=cfg.nthread,
+                     disturbance=cfg.disturbance)
     vec_env = RslRlEnv(env)
     alg = build_algorithm(cfg, vec_env)
     if warm_start is not None:

@@ -103,3 +103,19 @@ def test_a_diverging_overlapped_run_stops_with_a_finite_checkpoint(monkeypatch, 
     with pytest.raises(NonFiniteTraining, match=r"iteration [23]: training diverged"):
         train(TINY.model_copy(update={"task": "diverging", "overlap": True}), TWIN, tmp_path / "d")
     assert all(torch.isfinite(p).all() for p in load_actor(tmp_path / "d" / "model.pt").parameters())
+
+
+def test_training_with_base_pushes_is_seeded_and_resumes_exactly(tmp_path):
+    from stages.sim.disturbance import Disturbance
+    from stages.sim.registry import load
+
+    pushed = TrainConfig(task="quadruped", iterations=2, num_envs=8, steps_per_env=8, hidden_dims=(16,), seed=1,
+                         disturbance=Disturbance(push=0.5, push_on="base", push_every=4, push_steps=2))
+    twin = load("quadruped").nominal_params()
+    straight = train(pushed, twin, tmp_path / "p")
+    plain = train(pushed.model_copy(update={"disturbance": Disturbance()}), twin, tmp_path / "n")
+    with pytest.raises(AssertionError):
+        assert_same(states(straight.path), states(plain.path))  # the pushes reach the training data
+    first = train(pushed.model_copy(update={"iterations": 1}), twin, tmp_path / "1")
+    resumed = train(pushed, twin, tmp_path / "r", resume=first.path)
+    assert_same(states(resumed.path), states(straight.path))
