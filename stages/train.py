@@ -156,9 +156,9 @@ def deterministic_return(actor: torch.nn.Module, task: Task, twin: PhysicalParam
     return float(first.mean())
 
 
-@dataclass
+@dataclass(frozen=True)
 class Collected:
-    seconds: float = 0.0
+    seconds: float
     """Wall time of collecting the rollout the update uses (overlapped: collected during the previous update)."""
 
 
@@ -188,8 +188,9 @@ class Sampler:
 class OverlappedSampler(Sampler):
     """Collects the next rollout with a copy of the current policy on a second thread while the update runs.
 
-    The physics releases the GIL and the update runs in torch's kernels, so the two share the cores. The
-    update then learns from data one policy old (PPO's clipped ratio against the stored log-probabilities
+    It pays only where both phases spend their time outside the GIL (physics in C, large networks or a GPU
+    update); with small MLPs on 2 cores each phase slows down by what it hides (benchmarks/overlap.py).
+    The update learns from data one policy old (PPO's clipped ratio against the stored log-probabilities
     of the acting copy absorbs that); the two threads draw from torch's global RNG in a varying order, so
     a run is not bit-reproducible."""
 
