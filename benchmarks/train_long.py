@@ -18,12 +18,37 @@ from pathlib import Path
 
 import torch
 
+import numpy as np
+from tensordict import TensorDict
+
+from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
-from stages.train import TrainConfig, train
+from stages.sim.task import Task
+from stages.train import EVAL_SEED, TrainConfig, load_actor, train
 
 
 class Budget(Exception):
     """The wall-time budget is spent."""
+
+
+def velocity_tracking(actor: torch.nn.Module | None, task: Task, episodes: int = 32) -> tuple[float, float, float]:
+    """Legged tasks: mean |commanded − actual| body-frame planar velocity (m/s) and yaw rate (rad/s) over the
+    steps before a fall, and the share of episodes that fell, with the deterministic policy (None: stand still)."""
+    env = BatchedEnv(task, episodes, params=task.nominal_params(), seed=EVAL_SEED, terminate=False)
+    alive, lin_err, yaw_err = np.ones(episodes, bool), [], []
+    obs = env.observe()
+    with torch.inference_mode():
+        for _ in range(task.episode_steps - 1):
+            action = (np.zeros((episodes, task.act_dim), np.float32) if actor is None else
+                      actor(TensorDict({"policy": torch.from_numpy(obs)}, batch_size=[episodes])).clamp(-1, 1).numpy())
+            r = env.step(action)
+            alive &= ~task.terminated(env.qpos, env.qvel)
+            lin, ang, _ = task.base(env.qpos, env.qvel)
+            command = env.qpos[:, task.command_qpos]
+            lin_err.append(np.linalg.norm(command[:, :2] - lin[:, :2], axis=1)[alive])
+            yaw_err.append(np.abs(command[:, 2] - ang[:, 2])[alive])
+            obs = r.obs
+    return float(np.concatenate(lin_err).mean()), float(np.concatenate(yaw_err).mean()), float(1 - alive.mean())
 
 
 def main() -> None:
@@ -69,6 +94,12 @@ def main() -> None:
     except Budget:
         pass
     print(f"checkpoint: {out / 'model.pt'} (every {cfg.checkpoint_every} iterations)")
+    task = load(args.task)
+    if hasattr(task, "command_qpos") and (out / "model.pt").exists():
+        for name, actor in (("standing still", None), ("trained policy", load_actor(out / "model.pt"))):
+            lin, yaw, fell = velocity_tracking(actor, task)
+            print(f"velocity tracking, {name:14s}: |v_xy error| {lin:.3f} m/s, |yaw-rate error| {yaw:.3f} rad/s, "
+                  f"fell in {fell:.0%} of 32 episodes", flush=True)
 
 
 if __name__ == "__main__":
