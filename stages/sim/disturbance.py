@@ -12,7 +12,7 @@ from stages.sim.params import actuated_dofs
 
 
 class Disturbance(BaseModel):
-    """What an evaluation scenario does to an episode besides its physics."""
+    """What an evaluation scenario (or a training run) does to an episode besides its physics."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     obs_bias: float = Field(0.0, ge=0, description="Constant per-episode offset on every observation term, ~U(±value).")
