@@ -248,6 +248,21 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleR
         shutil.rmtree(str(staging), ignore_errors=True)
 
 
+def unpack(part: Path, dest: Path, ref: BundleRef, trusted: Iterable) -> dict:
+    """Extract the downloaded bundle ``part`` into a new ``dest``, bounded by the size the registry declared,
+    and verify it; returns its manifest."""
+    dest.mkdir()
+    bundle.extract(part, dest, max_bytes=4 * ref.size + (1 << 20))
+    return bundle.verify_dir(dest, trusted)
+
+
+def check_identity(manifest: dict, ref: BundleRef) -> None:
+    """The bundle must be the policy version the registry said it is."""
+    if (manifest["policy"]["name"], str(manifest["policy"]["version"])) != (ref.policy, ref.version):
+        raise CheckFailed("manifest", f"bundle is {manifest['policy']['name']} v{manifest['policy']['version']}, "
+                                      f"registry said {ref.policy} v{ref.version}")
+
+
 def _install_activate(store: DeviceStore, target_ref: BundleRef, part: Path, staging: Path, manifest: Optional[dict],
                       registry_url: str, trusted: Iterable, skip_target_check: bool,
                       stats: Optional[DownloadStats]) -> PullResult:
@@ -258,16 +273,8 @@ def _install_activate(store: DeviceStore, target_ref: BundleRef, part: Path, sta
     else:
         crash.point("downloaded")
         candidate = staging / "bundle"
-        candidate.mkdir()
-        try:
-            bundle.extract(part, candidate, max_bytes=4 * target_ref.size + (1 << 20))
-        except CheckFailed:
-            part.unlink()
-            raise
-        manifest = bundle.verify_dir(candidate, trusted)
-    if (manifest["policy"]["name"], str(manifest["policy"]["version"])) != (target_ref.policy, target_ref.version):
-        raise CheckFailed("manifest", f"bundle is {manifest['policy']['name']} v{manifest['policy']['version']}, "
-                                      f"registry said {target_ref.policy} v{target_ref.version}")
+        manifest = unpack(part, candidate, target_ref, trusted)  # a refused download is deleted by the caller
+    check_identity(manifest, target_ref)
     crash.point("verified")
     from edge.smoke import smoke_test
 

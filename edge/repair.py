@@ -24,8 +24,9 @@ from typing import Iterable, List, Optional
 
 from edge import bundle, crash
 from edge.errors import CheckFailed
+from edge.pull import check_identity, unpack
 from edge.registry_client import RegistryClient, RegistryUnavailable, TransferOptions
-from edge.store import DeviceStore, make_writable, fsync_dir
+from edge.store import DeviceStore, fsync_dir, make_writable
 
 STEPS = ("repair-downloaded", "repair-verified", "repair-moved")  # crash points, in order
 
@@ -68,16 +69,10 @@ def _fetch(store: DeviceStore, client: RegistryClient, damage: Damage, trusted: 
     try:
         client.download(ref, part)
         crash.point("repair-downloaded")
-        candidate = staging / "bundle"
-        candidate.mkdir()
-        bundle.extract(part, candidate, max_bytes=4 * ref.size + (1 << 20))
+        check_identity(unpack(part, staging / "bundle", ref, trusted), ref)
     finally:
         if part.exists():
             part.unlink()
-    manifest = bundle.verify_dir(candidate, trusted)
-    if (manifest["policy"]["name"], str(manifest["policy"]["version"])) != (damage.policy, damage.version):
-        raise CheckFailed("manifest", f"bundle is {manifest['policy']['name']} v{manifest['policy']['version']}, "
-                                      f"registry said {damage.policy} v{damage.version}")
     crash.point("repair-verified")
     return ref.sha256
 

@@ -28,8 +28,8 @@ the last ``--stats-window`` periods) plus ``device``, ``hostname``, ``time``, ``
 
 A report never blocks the agent for long and never raises: one attempt with a short timeout; a
 failure is counted in ``<root>/report.json`` (``control-report.json`` for ``run``) and later
-reports are skipped until its backoff expires. The state is computed afresh each time, so the next report that gets through carries the
-current state and how many reports were missed.
+reports are skipped until its backoff expires. The state is computed afresh each time, so the
+next report that gets through carries the current state and how many reports were missed.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import time
 import uuid
 
@@ -23,7 +22,7 @@ from edge.store import DeviceStore
 from registry.devices import devices
 from tests.bundles import TINY_IO, active_store, make_keys, publish_versions
 from tests.conftest import free_port, run_cli
-from tests.test_agent_run import AGENT, Client
+from tests.test_agent_run import Client, start
 
 FAST = PullOptions(TransferOptions(attempts=2, backoff_base_s=0.01, timeout_s=2), backoff_base_s=0.2)
 
@@ -126,11 +125,10 @@ def test_run_reports_its_control_loop_and_devices_merges_it_with_watch(mlflow_se
     root = tmp_path / "store"
     watch(f"{name}@champion", mlflow_server, root, signing.load_trusted([pub]), interval_s=0, skip_target_check=True,
           options=FAST, iterations=1, device_id="arm-3")
-    proc = subprocess.Popen([AGENT, "run", "--root", str(root), "--listen", "udp://127.0.0.1:0", "--registry",
-                             mlflow_server, "--report-every", "0.2", "--device-id", "arm-3", "--stats-window", "8",
-                             "--watchdog-periods", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--registry", mlflow_server, "--report-every", "0.2",
+                          "--device-id", "arm-3", "--stats-window", "8", "--watchdog-periods", "100000",
+                          serving=f"{name} v1")
     try:
-        address = proc.stdout.readline().split(" on ", 1)[1].split(" ")[0]
         client = Client(address, tmp_path)
         for seq in range(1, 21):
             assert client.act(seq, np.full(5, 0.1))[0] == seq
@@ -158,10 +156,8 @@ def test_run_reports_its_control_loop_and_devices_merges_it_with_watch(mlflow_se
 def test_run_with_the_registry_down_keeps_its_rate(tmp_path):
     """Reports to a dead registry fail on their own thread; the loop answers and keeps the period."""
     root = active_store(tmp_path, period_s=0.01)
-    proc = subprocess.Popen([AGENT, "run", "--root", str(root), "--listen", "udp://127.0.0.1:0", "--registry",
-                             f"http://127.0.0.1:{free_port()}", "--report-every", "0.05", "--duration", "1.0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    address = proc.stdout.readline().split(" on ", 1)[1].split(" ")[0]
+    proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--registry", f"http://127.0.0.1:{free_port()}",
+                          "--report-every", "0.05", "--duration", "1.0")
     client = Client(address, tmp_path)
     assert all(client.act(seq, np.zeros(5))[0] == seq for seq in range(1, 11))
     out, err = proc.communicate(timeout=15)

@@ -24,11 +24,12 @@ from tests.conftest import run_cli
 AGENT = str(Path(sys.executable).parent / "sim2edge-agent")
 
 
-def start(root: Path, *args: str) -> tuple[subprocess.Popen, str]:
+def start(root: Path, *args: str, serving: str = "tiny v1") -> tuple[subprocess.Popen, str]:
+    """``sim2edge-agent run`` on the store at ``root``; returns the process and its bound address."""
     proc = subprocess.Popen([AGENT, "run", "--root", str(root), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
-    assert line.startswith("serving tiny v1 on "), line + proc.stderr.read()
+    assert line.startswith(f"serving {serving} on "), line + proc.stderr.read()
     return proc, line.split(" on ", 1)[1].split(" ")[0]
 
 

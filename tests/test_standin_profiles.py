@@ -18,14 +18,18 @@ def test_arm6_and_quadruped_have_their_own_hidden_shifts(task):
     assert all(getattr(truth, name) != getattr(load(task).nominal_params(), name) for name in FITTED)
 
 
+def calibrated_standin(task: str, episodes: int, cfg: CalibrateConfig, tmp_path):
+    """The twin calibrated from ``episodes`` of the stand-in's logs for ``task``, and the stand-in's hidden truth."""
+    store = DatasetStore(tmp_path / "ds", load(task), task)
+    ds = record_standin(store, StandinConfig(episodes=episodes), tmp_path / "uploads").dataset
+    return calibrate(cfg, ds, tmp_path / "twin"), standin.hidden_params(task)
+
+
 def test_arm6_calibration_recovers_every_hidden_parameter(tmp_path):
     """Gravity loads every link and the wrist's armature dominates its links' inertia: all four separate."""
-    store = DatasetStore(tmp_path / "ds", load("arm6"), "arm6")
-    ds = record_standin(store, StandinConfig(episodes=24), tmp_path / "uploads").dataset
     # friction moves the replay error least: it needs ~70 generations to settle (40 leave it ~20% low)
-    twin = calibrate(CalibrateConfig(max_windows=96, generations=70, search_generations=6, max_latency=1), ds,
-                     tmp_path / "twin")
-    truth = standin.hidden_params("arm6")
+    twin, truth = calibrated_standin(
+        "arm6", 24, CalibrateConfig(max_windows=96, generations=70, search_generations=6, max_latency=1), tmp_path)
     assert twin.unidentified == () and twin.params.latency_steps == truth.latency_steps
     for name in FITTED:
         assert getattr(twin.params, name) == pytest.approx(getattr(truth, name), rel=0.05), name
@@ -35,11 +39,8 @@ def test_arm6_calibration_recovers_every_hidden_parameter(tmp_path):
 
 def test_quadruped_calibration_recovers_gain_damping_payload_and_a_wide_friction_interval(tmp_path):
     """0.08 N m of leg friction is 0.3% of the servo torques: fitted, but contact-rich 0.4 s replays hardly resolve it."""
-    store = DatasetStore(tmp_path / "ds", load("quadruped"), "quadruped")
-    ds = record_standin(store, StandinConfig(episodes=8), tmp_path / "uploads").dataset
-    twin = calibrate(CalibrateConfig(max_windows=64, generations=30, search_generations=6, max_latency=1), ds,
-                     tmp_path / "twin")
-    truth = standin.hidden_params("quadruped")
+    twin, truth = calibrated_standin(
+        "quadruped", 8, CalibrateConfig(max_windows=64, generations=30, search_generations=6, max_latency=1), tmp_path)
     assert twin.params.latency_steps == truth.latency_steps
     for name in ("damping", "actuator_gain", "mass"):
         assert getattr(twin.params, name) == pytest.approx(getattr(truth, name), rel=0.1), name

@@ -153,10 +153,11 @@ class BatchedEnv:
             obs = obs + (self.rng.standard_normal(obs.shape) * self.obs_noise[:, None]).astype(np.float32)
         return obs
 
-    def _push(self, action: np.ndarray) -> np.ndarray:
-        """Queue the action; return the queue as it would be after this step (newest first)."""
-        queue = np.roll(self._action_queue, 1, axis=0)
-        queue[0] = np.clip(action, -1.0, 1.0)
+    def _push(self, action: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The action queue as it is after this step (newest first), in ``out`` (``step`` passes the queue itself)."""
+        queue = np.empty_like(self._action_queue) if out is None else out
+        queue[1:] = self._action_queue[:-1]  # numpy buffers overlapping slices, so in place is safe
+        np.clip(action, -1.0, 1.0, out=queue[0])
         return queue
 
     def _controls(self, queue: np.ndarray) -> np.ndarray:
@@ -169,9 +170,7 @@ class BatchedEnv:
 
     def step(self, action: np.ndarray) -> StepResult:
         """Hold ``action`` (N, nu) for one control period, then compute terms and auto-reset."""
-        queue = self._action_queue  # shift in place (what _push returns, without the copies)
-        queue[1:] = queue[:-1].copy()
-        np.clip(action, -1.0, 1.0, out=queue[0])
+        self._push(action, out=self._action_queue)
         history = {"last_action": self.last_action.copy()} if self.task.action_history else {}
         self.last_action[:] = self._action_queue[0]
         self._control[:, :, : self.nu] = self._controls(self._action_queue)[:, None, :]

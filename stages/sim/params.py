@@ -88,11 +88,11 @@ def sample_params_batch(centre: PhysicalParams, ranges: Randomization, rng: np.r
     """``n`` samples as :func:`sample_params` draws them one after another (the same random stream), vectorized.
 
     A latency range adds one draw per sample (none without one, so other ranges keep their streams)."""
-    u = rng.random((n, len(SCALED) + 2 + (1 if ranges.latency_steps else 0)))
-    half = np.array([getattr(ranges, name) for name in SCALED])
-    scales = (1 - half) + ((1 + half) - (1 - half)) * u[:, : len(SCALED)]  # what rng.uniform(1-r, 1+r) computes
-    values = np.array([getattr(centre, name) for name in SCALED]) * scales
     k = len(SCALED)
+    u = rng.random((n, k + 2 + (1 if ranges.latency_steps else 0)))
+    half = np.array([getattr(ranges, name) for name in SCALED])
+    scales = (1 - half) + ((1 + half) - (1 - half)) * u[:, :k]  # what rng.uniform(1-r, 1+r) computes
+    values = np.array([getattr(centre, name) for name in SCALED]) * scales
     noise = centre.obs_noise + ranges.obs_noise * u[:, k]
     friction = centre.friction + ranges.friction * u[:, k + 1]
     latency = centre.latency_steps + (np.floor(u[:, k + 2] * (ranges.latency_steps + 1)).astype(int)
