@@ -1,4 +1,9 @@
-"""``sim2edge-agent``: pull a policy onto this device, show, verify, repair, roll back and clean up."""
+"""``sim2edge-agent``: pull a policy onto this device, show, verify, repair, roll back and clean up.
+
+Exit codes: 0 done; 1 refused (a check refused what the registry offered, or the state asked about
+is not there: the message names the check); 2 error (bad arguments or input, a local file, the
+registry rejecting the request); 3 unavailable (registry unreachable or too slow, backing off, or
+another agent holds the store: try again later; ``current`` is unchanged)."""
 
 from __future__ import annotations
 
@@ -14,17 +19,23 @@ from edge.errors import CheckFailed
 from edge.signing import load_trusted
 from edge.store import DeviceStore
 
+REFUSED, ERROR, UNAVAILABLE = 1, 2, 3
+
 DEFAULT_ROOT = os.environ.get("SIM2EDGE_DEVICE_ROOT", "/var/lib/sim2edge")
 
 
 def pull_options(args: argparse.Namespace):
     from edge.pull import PullOptions
+
+    return PullOptions(transfer_options(args), backoff_base_s=args.backoff, ignore_backoff=args.ignore_backoff,
+                       retry_failed=args.retry_failed, allow_failed_gate=args.allow_failed_gate)
+
+
+def transfer_options(args: argparse.Namespace):
     from edge.registry_client import TransferOptions
 
-    return PullOptions(TransferOptions(attempts=args.attempts, timeout_s=args.timeout, max_bytes=args.max_bytes,
-                                       backoff_base_s=args.retry_base),
-                       backoff_base_s=args.backoff, ignore_backoff=args.ignore_backoff,
-                       retry_failed=args.retry_failed)
+    return TransferOptions(attempts=args.attempts, timeout_s=args.timeout, max_bytes=args.max_bytes,
+                           backoff_base_s=args.retry_base, deadline_s=args.deadline, min_rate_bps=args.min_rate)
 
 
 def _pull(args: argparse.Namespace) -> int:
@@ -56,7 +67,7 @@ def _status(args: argparse.Namespace) -> int:
         "path": str(store.link("current")),
         "target": manifest["target"]["name"],
         "source": last.get("source"),
-        "run_id": manifest["provenance"].get("mlflow_run_id"),
+        "run_id": (manifest.get("provenance") or {}).get("mlflow_run_id"),
         "bundle_sha256": last.get("bundle_sha256"),
         "evaluation": manifest.get("evaluation"),
         "previous": str(previous) if previous else None,
@@ -131,7 +142,8 @@ def _upload(args: argparse.Namespace) -> int:
         raise ValueError("no --task given and no active policy to read it from")
     with store.locked():
         runs = Uploader(Path(args.root), args.registry, task, args.device_id,
-                        TransferOptions(attempts=args.attempts, timeout_s=args.timeout)).upload()
+                        TransferOptions(attempts=args.attempts, timeout_s=args.timeout,
+                                        deadline_s=args.deadline)).upload()
     print(f"uploaded telemetry in {len(runs)} run(s): {', '.join(runs) if runs else 'nothing pending'}")
     return 0
 
@@ -146,12 +158,9 @@ def _watch(args: argparse.Namespace) -> int:
 
 
 def _repair(args: argparse.Namespace) -> int:
-    from edge.registry_client import TransferOptions
     from edge.repair import repair
 
-    report = repair(Path(args.root), args.registry, load_trusted(args.trust),
-                    TransferOptions(attempts=args.attempts, timeout_s=args.timeout, max_bytes=args.max_bytes,
-                                    backoff_base_s=args.retry_base))
+    report = repair(Path(args.root), args.registry, load_trusted(args.trust), transfer_options(args))
     for damage in report.repaired:
         print(f"repaired {damage.policy} v{damage.version} at {damage.path} (was: {damage.detail})")
     for failure in report.failed:
@@ -179,6 +188,22 @@ def add_transfer_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backoff", type=float, default=30.0, metavar="S",
                    help="after n failed pulls the next waits ~S*2^(n-1) s, at most 30 min (default: %(default)s)")
     p.add_argument("--ignore-backoff", action="store_true", help="try now even if the last pulls failed")
+    p.add_argument("--deadline", type=float, default=120.0, metavar="S",
+                   help="overall bound on a registry request with its retries, and the fixed part of a download's "
+                        "(default: %(default)s)")
+    p.add_argument("--min-rate", type=float, default=32768.0, metavar="B/S",
+                   help="slowest transfer accepted: a download of n bytes may take --deadline + n / B/S seconds "
+                        "(default: %(default)s)")
+
+
+def add_install_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--skip-target-check", action="store_true",
+                   help="development hosts only: install although this is not the bundle's Jetson target")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="try a version again although its bundle failed a check here before (see failed.json; "
+                        "watch: on its first poll)")
+    p.add_argument("--allow-failed-gate", action="store_true",
+                   help="install a bundle whose signed manifest records a failed evaluation gate (a challenger)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -190,10 +215,7 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--root", default=DEFAULT_ROOT, help="device store (default: %(default)s)")
     pl.add_argument("--trust", action="append", required=True, type=Path,
                     help="trusted Ed25519 public key (PEM); repeat for key rotation")
-    pl.add_argument("--skip-target-check", action="store_true",
-                    help="development hosts only: install although this is not the bundle's Jetson target")
-    pl.add_argument("--retry-failed", action="store_true",
-                    help="try a version again although its bundle failed a check here before (see failed.json)")
+    add_install_arguments(pl)
     add_transfer_arguments(pl)
     pl.set_defaults(func=_pull)
     st = sub.add_parser("status", help="show the active policy and where it came from")
@@ -247,6 +269,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--device-id", default=socket.gethostname(), help="default: the host name")
     up.add_argument("--attempts", type=int, default=5)
     up.add_argument("--timeout", type=float, default=20.0)
+    up.add_argument("--deadline", type=float, default=120.0, metavar="S",
+                    help="overall bound on each registry request with its retries (default: %(default)s)")
     up.set_defaults(func=_upload)
     wa = sub.add_parser("watch", help="poll an alias and pull+activate new versions with the same checks")
     wa.add_argument("ref", help="<policy>@<alias>")
@@ -256,12 +280,12 @@ def parser() -> argparse.ArgumentParser:
     wa.add_argument("--interval", type=float, default=60.0, help="seconds between polls (default %(default)s)")
     wa.add_argument("--jitter", type=float, default=0.2, help="each wait is interval x uniform(1-j, 1+j)")
     wa.add_argument("--iterations", type=int, help="stop after this many polls (default: never)")
-    wa.add_argument("--skip-target-check", action="store_true")
+    add_install_arguments(wa)
     wa.add_argument("--device-id", default=socket.gethostname(),
                     help="report this device's state to the registry under this id (default: the host name)")
     wa.add_argument("--no-report", action="store_true", help="do not report the device's state")
     add_transfer_arguments(wa)
-    wa.set_defaults(func=_watch, retry_failed=False)  # watch never retries a known-bad version
+    wa.set_defaults(func=_watch)
     rp = sub.add_parser("repair", help="download installed copies that no longer verify again (never current)")
     rp.add_argument("--registry", required=True)
     rp.add_argument("--root", default=DEFAULT_ROOT)
@@ -275,13 +299,24 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def exit_code(e: Exception) -> int:
+    """Refused (1), error (2) or unavailable (3): see the module docstring."""
+    from edge.registry_client import RegistryError, RegistryUnavailable
+
+    if isinstance(e, RegistryUnavailable) or (isinstance(e, CheckFailed) and e.check in ("backoff", "lock")):
+        return UNAVAILABLE
+    if isinstance(e, RegistryError) or not isinstance(e, CheckFailed):
+        return ERROR
+    return REFUSED
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
     except (CheckFailed, ValueError, OSError) as e:
         print(f"sim2edge-agent: {e}", file=sys.stderr)
-        return 2
+        return exit_code(e)
 
 
 if __name__ == "__main__":

@@ -9,17 +9,24 @@ error says so, and the failure is counted in ``<root>/backoff.json``: the next p
 its ``next_attempt`` time is refused (check ``backoff``) without touching the network.
 
 A version whose bundle fails a check once it is on the device (verification, target, smoke test,
-health check) is remembered by digest in ``<root>/failed.json`` and refused (check ``known-bad``)
-without a download until the registry's digest for it changes or ``retry_failed`` is set. A stored,
-not active copy that no longer verifies is removed and downloaded again; a damaged ``current`` is
-never removed by a pull (check ``corrupt``).
+health check, a failed gate) is remembered by digest in ``<root>/failed.json`` and refused (check
+``known-bad``) without a download until the registry's digest for it changes or ``retry_failed`` is
+set; a signature failure is remembered with the trusted-key set it failed against, so a pull with
+other ``--trust`` keys tries again. A stored, not active copy that no longer verifies is removed and
+downloaded again; a damaged ``current`` is never removed by a pull (check ``corrupt``).
+
+A bundle whose signed manifest records a failed evaluation gate (a ``challenger``) is refused
+(check ``gate``) unless ``allow_failed_gate`` is set.
+
+Every refusal is journaled (``refused``, with its check) and leaves no download or staging behind;
+only a transfer cut short (unavailable, deadline) keeps its ``.part`` for the next pull to resume.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,8 +37,10 @@ from edge import bundle, crash
 from edge.errors import CheckFailed
 from edge.registry_client import (BundleRef, DownloadStats, RegistryClient, RegistryUnavailable, TransferOptions,
                                   parse_ref)
+from edge.signing import key_ids
 from edge.store import DeviceStore
 from edge.targets import check_compatible, detect_device, load_target
+from edge.values import Version
 
 if TYPE_CHECKING:  # numpy, ONNX Runtime and the smoke test load only when a bundle is installed
     from edge.smoke import SmokeResult
@@ -46,6 +55,7 @@ class PullOptions:
     backoff_cap_s: float = 1800.0  # … at most this long
     ignore_backoff: bool = False
     retry_failed: bool = False     # try a version again although its bundle (same digest) failed before
+    allow_failed_gate: bool = False  # install a bundle whose signed manifest records a failed evaluation gate
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,7 @@ def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Pa
         else:
             if current is None:
                 raise CheckFailed("rollback", "no active policy")
+            version = Version.parse(version, "--to", "rollback")
             target = store.bundle_dir(current.parent.name, version)
             if not target.is_dir():
                 raise CheckFailed("rollback", f"{current.parent.name} v{version} is not installed "
@@ -156,8 +167,8 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
         try:
             try:
                 target_ref = client.resolve(ref)
-                result = _pull_locked(store, client, target_ref, registry_url, trusted, skip_target_check,
-                                      options.retry_failed)
+                result = _pull_locked(store, client, target_ref, registry_url, list(trusted), skip_target_check,
+                                      options)
             except RegistryUnavailable as e:
                 state = store.note_unavailable(registry_url, e.detail, options.backoff_base_s, options.backoff_cap_s)
                 current = store.link("current")
@@ -193,9 +204,9 @@ def _check_current(current: Path, trusted: Iterable) -> None:
                                      f"another version") from None
 
 
-def _check_not_known_bad(store: DeviceStore, target_ref: BundleRef) -> None:
-    bad = store.known_bad(target_ref.policy, target_ref.version, target_ref.sha256)
-    if bad:
+def _check_not_known_bad(store: DeviceStore, target_ref: BundleRef, keys: list, allow_failed_gate: bool) -> None:
+    bad = store.known_bad(target_ref.policy, target_ref.version, target_ref.sha256, keys)
+    if bad and not (bad["check"] == "gate" and allow_failed_gate):
         raise CheckFailed("known-bad", f"{target_ref.policy} v{target_ref.version} (bundle sha256 "
                                        f"{target_ref.sha256[:12]}…) failed its {bad['check']} check "
                                        f"{bad['count']} time(s), last: {bad['detail']}; not downloaded again until "
@@ -221,7 +232,7 @@ def _stored_copy(store: DeviceStore, installed: Path, trusted: Iterable) -> Opti
 
 
 def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleRef, registry_url: str,
-                 trusted: Iterable, skip_target_check: bool, retry_failed: bool) -> PullResult:
+                 trusted: list, skip_target_check: bool, options: PullOptions) -> PullResult:
     installed = store.bundle_dir(target_ref.policy, target_ref.version)
     part = store.download_part(target_ref.sha256)
     if store.link("current") == installed:
@@ -229,31 +240,43 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleR
         if part.exists():
             part.unlink()  # a crash after activation left it
         return PullResult(target_ref.policy, target_ref.version, installed, False, None)
-    check_fresh(store.current_manifest(), target_ref.policy, target_ref.version)
-    if not retry_failed:
-        _check_not_known_bad(store, target_ref)
+    keys = key_ids(trusted)
     staging = store.staging_dir()
     try:
+        check_fresh(store.current_manifest(), target_ref.policy, target_ref.version)
+        if not options.retry_failed:
+            _check_not_known_bad(store, target_ref, keys, options.allow_failed_gate)
         manifest = _stored_copy(store, installed, trusted)
         stats = None if manifest else client.download(target_ref, part, on_chunk=lambda n: crash.point("download"))
         try:
             return _install_activate(store, target_ref, part, staging, manifest, registry_url, trusted,
-                                     skip_target_check, stats)
+                                     skip_target_check, stats, options.allow_failed_gate)
         except CheckFailed as e:
-            store.note_failed(target_ref.policy, target_ref.version, target_ref.sha256, e.check, e.detail)
-            if part.exists():
-                part.unlink()  # known bad: not kept for a resume
+            store.note_failed(target_ref.policy, target_ref.version, target_ref.sha256, e.check, e.detail, keys)
             raise
+    except CheckFailed as e:
+        if not isinstance(e, RegistryUnavailable) and part.exists():
+            part.unlink()  # refused: nothing kept (a transfer cut short keeps its part for a resume)
+        raise
     finally:
-        shutil.rmtree(str(staging), ignore_errors=True)
+        store.discard(staging)
 
 
 def unpack(part: Path, dest: Path, ref: BundleRef, trusted: Iterable) -> dict:
-    """Extract the downloaded bundle ``part`` into a new ``dest``, bounded by the size the registry declared,
-    and verify it; returns its manifest."""
+    """Authenticate the downloaded bundle ``part``, then extract its signed files into a new ``dest``
+    (bounded by the size the registry declared); returns its manifest."""
     dest.mkdir()
-    bundle.extract(part, dest, max_bytes=4 * ref.size + (1 << 20))
-    return bundle.verify_dir(dest, trusted)
+    return bundle.extract(part, dest, max_bytes=4 * ref.size + (1 << 20), trusted=trusted)
+
+
+def check_gate(manifest: dict, allow_failed_gate: bool) -> None:
+    """Refuse a bundle whose signed manifest records a failed evaluation gate, unless allowed."""
+    evaluation = manifest.get("evaluation") or {}
+    if evaluation.get("passed") is False and not allow_failed_gate:
+        m = manifest["policy"]
+        raise CheckFailed("gate", f"{m['name']} v{m['version']} failed its evaluation gate when it was packaged "
+                                  f"(success rate {evaluation.get('success_rate')}, a challenger); "
+                                  f"pull --allow-failed-gate installs it anyway")
 
 
 def check_identity(manifest: dict, ref: BundleRef) -> None:
@@ -265,7 +288,7 @@ def check_identity(manifest: dict, ref: BundleRef) -> None:
 
 def _install_activate(store: DeviceStore, target_ref: BundleRef, part: Path, staging: Path, manifest: Optional[dict],
                       registry_url: str, trusted: Iterable, skip_target_check: bool,
-                      stats: Optional[DownloadStats]) -> PullResult:
+                      stats: Optional[DownloadStats], allow_failed_gate: bool) -> PullResult:
     """Unpack (unless ``manifest`` says the stored copy verified), verify, check, smoke-test, install, activate."""
     installed = store.bundle_dir(target_ref.policy, target_ref.version)
     if manifest is not None:
@@ -275,6 +298,7 @@ def _install_activate(store: DeviceStore, target_ref: BundleRef, part: Path, sta
         candidate = staging / "bundle"
         manifest = unpack(part, candidate, target_ref, trusted)  # a refused download is deleted by the caller
     check_identity(manifest, target_ref)
+    check_gate(manifest, allow_failed_gate)
     crash.point("verified")
     from edge.smoke import smoke_test
 
@@ -333,11 +357,12 @@ def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s
     if device_id:
         reporter = device_reporter(root, registry_url, parse_ref(ref)[0], device_id, trusted,
                                    timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s)
+    later = dataclasses.replace(options, retry_failed=False)  # --retry-failed: the first poll only
     polls, last_error = 0, ""
     while True:
         try:
             _repair(root, registry_url, trusted, options)
-            result = pull(ref, registry_url, root, trusted, skip_target_check, options)
+            result = pull(ref, registry_url, root, trusted, skip_target_check, later if polls else options)
             last_error = ""
             if result.changed:
                 print(f"watch: activated {result.policy} v{result.version} at {result.path}", flush=True)

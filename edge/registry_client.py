@@ -8,10 +8,18 @@
 4. ``watch`` reports the device's state with ``POST /api/2.0/mlflow/registered-models/set-tag``
    (edge/report.py); ``upload`` sends telemetry as runs (edge/telemetry.py).
 
+Every answer is parsed into typed values (edge/values.py) by :func:`bundle_ref` before any use: the
+version must be a positive integer (and the one asked for), the name the one asked for, the sha256
+64 lowercase hex digits, the size a byte count within the device's limit, the path relative and
+normalized; anything else is refused (check ``registry``, or ``size``) naming the field and value.
+
 Transfers retry transient failures (connection refused or dropped, timeouts, HTTP 5xx/429/408,
 short bodies) with exponential backoff and full jitter, and resume a partial download with
-``Range: bytes=<have>-``. The declared size (the version's ``sim2edge.bundle.size`` tag, bounded
-by a configured maximum) caps every response: more bytes than declared is refused, not retried.
+``Range: bytes=<have>-``. The declared size caps every response: more bytes than declared is
+refused, not retried. Besides the per-read timeout, every operation has an overall deadline
+(:class:`TransferOptions`: ``deadline_s`` for a request, ``deadline_s + size / min_rate_bps`` for a
+download): when it passes, the connection's socket is shut down, so a server that answers one
+byte at a time cannot hold the agent (or the store's lock) longer than that (check ``deadline``).
 
 Credentials: ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (basic auth) or
 ``MLFLOW_TRACKING_TOKEN`` (bearer); never printed, never part of an error message.
@@ -25,27 +33,39 @@ import json
 import os
 import random
 import re
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from edge.bundle import sha256_path
 from edge.errors import CheckFailed
+from edge.values import ArtifactPath, PolicyName, Sha256, Version, byte_count, shown
 
 TAG_PATH, TAG_SHA256, TAG_SIZE = "sim2edge.bundle.path", "sim2edge.bundle.sha256", "sim2edge.bundle.size"
 CHUNK = 1 << 16
 _TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]{0,64}")
+_ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,254}")
 
 
 class RegistryUnavailable(CheckFailed):
     """The registry could not be reached, or kept failing, after every retry (the caller backs off)."""
 
+    def __init__(self, detail: str, check: str = "registry") -> None:
+        super().__init__(check, detail)
+
+
+class TransferDeadline(RegistryUnavailable):
+    """An operation outlived its overall deadline (a stalled or dripping server); counted as unavailable."""
+
     def __init__(self, detail: str) -> None:
-        super().__init__("registry", detail)
+        super().__init__(detail, "deadline")
 
 
 class RegistryError(CheckFailed):
@@ -62,10 +82,12 @@ class _Transient(Exception):
 
 @dataclass(frozen=True)
 class BundleRef:
-    policy: str
-    version: str
-    path: str
-    sha256: str
+    """What the registry says a version's bundle is: every field parsed (see :func:`bundle_ref`)."""
+
+    policy: PolicyName
+    version: Version
+    path: ArtifactPath
+    sha256: Sha256
     size: int
     run_id: str
 
@@ -79,6 +101,8 @@ class TransferOptions:
     backoff_cap_s: float = 8.0
     timeout_s: float = 20.0      # per socket operation: connect, and each read
     max_bytes: int = 1 << 30     # refuse a bundle declared (or delivered) larger than this
+    deadline_s: float = 120.0    # overall bound on one request with its retries, and a download's fixed part
+    min_rate_bps: float = 32768.0  # a download of n bytes may take deadline_s + n / min_rate_bps at most
 
 
 @dataclass
@@ -88,12 +112,119 @@ class DownloadStats:
     range_honoured: Optional[bool] = None  # None: no resume was needed
 
 
-def parse_ref(ref: str) -> tuple:
+def parse_ref(ref: str) -> Tuple[PolicyName, Optional[str], Optional[Version]]:
     """``policy@alias`` or ``policy@<version number>`` → (policy, alias or None, version or None)."""
     policy, sep, what = ref.partition("@")
+    usage = f"policy reference {shown(ref)} must look like <policy>@<alias> or <policy>@<version>"
     if not sep or not policy or not what:
-        raise ValueError(f"policy reference {ref!r} must look like <policy>@<alias> or <policy>@<version>")
-    return (policy, None, what) if what.isdigit() else (policy, what, None)
+        raise ValueError(usage)
+    try:
+        name = PolicyName.parse(policy, check="reference")
+        if re.fullmatch(r"[0-9]+", what):
+            return name, None, Version.parse(what, check="reference")
+    except CheckFailed as e:
+        raise ValueError(f"{usage}: {e.detail}") from None
+    if not _ALIAS.fullmatch(what):
+        raise ValueError(f"{usage}: alias {shown(what)} is not an MLflow alias name")
+    return name, what, None
+
+
+def bundle_ref(answer: object, policy: PolicyName, version: Optional[Version], max_bytes: int) -> BundleRef:
+    """Parse a ``model_version`` answer (alias or version lookup) into a :class:`BundleRef`, or refuse it."""
+    where = f"{policy}@{version}" if version else policy
+    mv = answer.get("model_version") if isinstance(answer, dict) else None
+    if not isinstance(mv, dict):
+        raise CheckFailed("registry", f"the answer for {where} has no model_version object: {shown(answer)}")
+    if "name" in mv and mv["name"] != policy:
+        raise CheckFailed("registry", f"asked for {policy}, the registry answered model {shown(mv['name'])}")
+    got = Version.parse(mv.get("version"), f"model_version.version of {where}")
+    if version is not None and got != version:
+        raise CheckFailed("registry", f"asked for {policy} v{version}, the registry answered v{got}")
+    raw_tags = mv.get("tags", [])
+    if not isinstance(raw_tags, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("key"), str) and isinstance(t.get("value"), str) for t in raw_tags):
+        raise CheckFailed("registry", f"tags of {policy} v{got} are not a list of string key/value pairs: "
+                                      f"{shown(raw_tags)}")
+    tags = {t["key"]: t["value"] for t in raw_tags}
+    missing = [t for t in (TAG_PATH, TAG_SHA256, TAG_SIZE) if t not in tags]
+    if missing:
+        raise CheckFailed("registry", f"{policy} version {got} has no bundle (missing tags {missing})")
+    size = byte_count(tags[TAG_SIZE], f"tag {TAG_SIZE} of {policy} v{got}", max_bytes)
+    if size == 0:
+        raise CheckFailed("registry", f"tag {TAG_SIZE} of {policy} v{got} declares an empty bundle")
+    run_id = mv.get("run_id") or ""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise CheckFailed("registry", f"run_id of {policy} v{got} {shown(run_id)} is not a run id")
+    return BundleRef(policy, got, ArtifactPath.parse(tags[TAG_PATH], f"tag {TAG_PATH} of {policy} v{got}"),
+                     Sha256.parse(tags[TAG_SHA256], f"tag {TAG_SHA256} of {policy} v{got}"), size, run_id)
+
+
+class _Deadline:
+    """The overall bound on one operation: when it passes, every socket the operation opened is shut down,
+    so no read (of headers or body, however slowly the server drips) blocks beyond it."""
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self.seconds, self.what = seconds, what
+        self.at = time.monotonic() + seconds
+        self.fired = False
+        self._sockets: List[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def register(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.fired:
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def passed(self) -> bool:
+        return self.fired or self.remaining() <= 0
+
+    def error(self, last: str = "") -> TransferDeadline:
+        return TransferDeadline(f"{self.what} did not finish within its deadline of {self.seconds:.0f} s"
+                                + (f" (last: {last})" if last else ""))
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
+    """urllib with connections whose sockets ``deadline`` can shut down (proxies and TLS as usual)."""
+
+    class Connection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.register(self.sock)
+
+    class TLSConnection(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()
+            deadline.register(self.sock)
+
+    class Handler(urllib.request.HTTPHandler):
+        def http_open(self, req):  # type: ignore[no-untyped-def]
+            return self.do_open(Connection, req)
+
+    class TLSHandler(urllib.request.HTTPSHandler):
+        def https_open(self, req):  # type: ignore[no-untyped-def]
+            extra = {"check_hostname": self._check_hostname} if hasattr(self, "_check_hostname") else {}
+            return self.do_open(TLSConnection, req, context=self._context, **extra)
+
+    return urllib.request.build_opener(Handler, TLSHandler)
 
 
 def redact(url: str) -> str:
@@ -129,14 +260,15 @@ class RegistryClient:
         o = self.options
         return self._rng.uniform(0.0, min(o.backoff_cap_s, o.backoff_base_s * (2 ** attempt)))
 
-    def _request(self, path: str, params: Optional[dict] = None, headers: Optional[dict] = None,
-                 method: str = "GET", data: Optional[bytes] = None):
+    def _request(self, deadline: _Deadline, path: str, params: Optional[dict] = None,
+                 headers: Optional[dict] = None, method: str = "GET", data: Optional[bytes] = None):
         """One HTTP request; raises :class:`_Transient` for retryable failures, CheckFailed otherwise."""
         url = self.base + path + ("?" + urllib.parse.urlencode(params) if params else "")
         request = urllib.request.Request(url, data=data, method=method,
                                          headers=dict(self._headers(), **(headers or {})))
         try:
-            return urllib.request.urlopen(request, timeout=self.options.timeout_s)
+            return _opener(deadline).open(request, timeout=max(0.001, min(self.options.timeout_s,
+                                                                          deadline.remaining())))
         except urllib.error.HTTPError as e:
             try:
                 detail = e.read(2000).decode(errors="replace")
@@ -146,26 +278,37 @@ class RegistryClient:
                 detail = json.loads(detail).get("message", detail)
             except (ValueError, AttributeError):
                 pass
-            message = f"{self.base} answered HTTP {e.code} for {path}: {detail[:300]}".rstrip(": ")
+            message = f"{self.base} answered HTTP {e.code} for {path}: {str(detail)[:300]}".rstrip(": ")
             if e.code in _TRANSIENT_HTTP:
                 raise _Transient(message) from None
             if e.code in (401, 403):
-                raise CheckFailed("registry", f"{self.base} refused the credentials (HTTP {e.code}) for {path}; "
-                                              f"set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN") from None
+                raise RegistryError(f"{self.base} refused the credentials (HTTP {e.code}) for {path}; "
+                                    f"set MLFLOW_TRACKING_USERNAME/PASSWORD or MLFLOW_TRACKING_TOKEN", e.code) from None
             raise RegistryError(message, e.code) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
+            # ValueError: http.client refuses a malformed status line or header from the server
             raise _Transient(f"registry {self.base} is unreachable ({getattr(e, 'reason', e)})") from None
 
-    def _retrying(self, what: str, attempt_fn: Callable[[int], object]) -> object:
-        """Run ``attempt_fn(k)`` until it succeeds or the attempts run out (backoff with full jitter)."""
+    def _retrying(self, what: str, attempt_fn: Callable[[_Deadline, int], object],
+                  seconds: Optional[float] = None) -> object:
+        """Run ``attempt_fn(deadline, k)`` until it succeeds, the attempts run out (backoff with full jitter)
+        or the operation's deadline (``seconds``, default ``deadline_s``) passes."""
+        deadline = _Deadline(self.options.deadline_s if seconds is None else seconds, what)
         last = ""
-        for k in range(self.options.attempts):
-            if k:
-                self._sleep(self._delay(k - 1))
-            try:
-                return attempt_fn(k)
-            except _Transient as e:
-                last = str(e)
+        try:
+            for k in range(self.options.attempts):
+                if k:
+                    self._sleep(max(0.0, min(self._delay(k - 1), deadline.remaining())))
+                if deadline.passed():
+                    raise deadline.error(last)
+                try:
+                    return attempt_fn(deadline, k)
+                except _Transient as e:
+                    if deadline.passed():
+                        raise deadline.error(str(e)) from None
+                    last = str(e)
+        finally:
+            deadline.cancel()
         if "unreachable" in last:
             raise RegistryUnavailable(f"{last}; {what} failed after {self.options.attempts} attempts")
         raise RegistryUnavailable(f"registry {self.base} is unavailable: {what} failed after "
@@ -173,51 +316,48 @@ class RegistryClient:
 
     def _json(self, path: str, params: Optional[dict] = None, method: str = "GET",
               body: Optional[object] = None, raw: Optional[bytes] = None) -> dict:
-        """A REST call answered with JSON, retried on transient failures. ``body`` is sent as JSON, ``raw`` as is."""
+        """A REST call answered with a JSON object, retried on transient failures. ``body`` is sent as JSON,
+        ``raw`` as is. An answer that is not a JSON object is refused (check ``registry``)."""
         data = json.dumps(body).encode() if body is not None else raw
         headers = {"Content-Type": "application/json" if body is not None else "application/octet-stream"} \
             if data is not None else None
 
-        def once(_k: int) -> dict:
+        def once(deadline: _Deadline, _k: int) -> object:
             try:
-                with self._request(path, params, headers, method, data) as response:
+                with self._request(deadline, path, params, headers, method, data) as response:
                     answer = response.read(1 << 22)
             except (OSError, http.client.HTTPException) as e:
                 raise _Transient(f"registry {self.base} is unreachable (connection lost reading {path}: {e})") from None
             try:
                 return json.loads(answer) if answer.strip() else {}
-            except ValueError:
+            except ValueError:  # also a body cut by the deadline
                 raise _Transient(f"{self.base} answered {path} with {len(answer)} bytes that are not JSON") from None
 
-        return self._retrying(f"{method} {path}", once)  # type: ignore[return-value]
+        answer = self._retrying(f"{method} {path}", once)
+        if not isinstance(answer, dict):
+            raise CheckFailed("registry", f"{self.base} answered {path} with JSON that is not an object: "
+                                          f"{shown(answer)}")
+        return answer
 
     def resolve(self, ref: str) -> BundleRef:
-        """Resolve ``policy@alias`` / ``policy@version`` to the bundle it names."""
+        """Resolve ``policy@alias`` / ``policy@version`` to the bundle it names (parsed by :func:`bundle_ref`)."""
         policy, alias, version = parse_ref(ref)
         if alias:
-            mv = self._json("/api/2.0/mlflow/registered-models/alias", {"name": policy, "alias": alias})["model_version"]
+            answer = self._json("/api/2.0/mlflow/registered-models/alias", {"name": policy, "alias": alias})
         else:
-            mv = self._json("/api/2.0/mlflow/model-versions/get", {"name": policy, "version": version})["model_version"]
-        tags = {t["key"]: t["value"] for t in mv.get("tags", [])}
-        missing = [t for t in (TAG_PATH, TAG_SHA256, TAG_SIZE) if t not in tags]
-        if missing:
-            raise CheckFailed("registry", f"{policy} version {mv['version']} has no bundle (missing tags {missing})")
-        return BundleRef(policy, str(mv["version"]), tags[TAG_PATH], tags[TAG_SHA256], int(tags[TAG_SIZE]), mv.get("run_id", ""))
+            answer = self._json("/api/2.0/mlflow/model-versions/get", {"name": policy, "version": version})
+        return bundle_ref(answer, policy, version, self.options.max_bytes)
 
     def download(self, ref: BundleRef, part: Path, on_chunk: Optional[Callable[[int], None]] = None) -> DownloadStats:
         """Download the bundle into ``part``, resuming what is already there; verify its size and sha256.
 
-        ``part`` is kept after a transient failure (the next call resumes it) and removed after a
-        size or digest refusal. ``on_chunk(bytes_on_disk)`` runs after each chunk is written.
+        ``part`` is kept after a transient failure or the deadline (the next call resumes it) and removed
+        after a size or digest refusal. ``on_chunk(bytes_on_disk)`` runs after each chunk is written.
         """
-        limit = self.options.max_bytes
-        if ref.size > limit:
-            raise CheckFailed("size", f"{ref.policy} v{ref.version} is declared {ref.size} bytes, over this device's "
-                                      f"limit of {limit} bytes")
         stats = DownloadStats()
         url_path = "/api/2.0/mlflow-artifacts/artifacts/" + urllib.parse.quote(ref.path)
 
-        def once(k: int) -> None:
+        def once(deadline: _Deadline, k: int) -> None:
             stats.attempts = k + 1
             have = part.stat().st_size if part.exists() else 0
             if have > ref.size:
@@ -225,15 +365,15 @@ class RegistryClient:
                 have = 0
             if have == ref.size:
                 return
-            response = self._request(url_path, headers={"Range": f"bytes={have}-"} if have else None)
+            response = self._request(deadline, url_path, headers={"Range": f"bytes={have}-"} if have else None)
             with response:
                 status = response.status
                 mode = "wb"
                 if have and status == 206:
-                    match = re.match(r"bytes (\d+)-(\d+)/(\d+|\*)", response.headers.get("Content-Range", ""))
+                    match = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", response.headers.get("Content-Range", ""))
                     if not match or int(match.group(1)) != have:
                         raise _Transient(f"{self.base} answered a resume from byte {have} with Content-Range "
-                                         f"{response.headers.get('Content-Range')!r}; starting over")
+                                         f"{shown(response.headers.get('Content-Range'))}; starting over")
                     mode, stats.range_honoured = "ab", True
                 elif have:
                     # The server ignored Range and sent the whole file (HTTP 200): MLflow's artifact proxy
@@ -243,7 +383,7 @@ class RegistryClient:
                     have = 0
                 stats.resumed_from = have
                 length = response.headers.get("Content-Length")
-                if length is not None and length.isdigit() and have + int(length) > ref.size:
+                if length is not None and re.fullmatch(r"[0-9]{1,18}", length) and have + int(length) > ref.size:
                     if part.exists():
                         part.unlink()
                     raise CheckFailed("size", f"{self.base} offers {have + int(length)} bytes for {ref.path}, "
@@ -275,15 +415,17 @@ class RegistryClient:
             if received < ref.size:
                 raise _Transient(f"{self.base} sent {received} of {ref.size} bytes for {ref.path} (truncated); resuming")
 
+        o = self.options
         try:
-            self._retrying(f"download of {ref.path}", once)
+            self._retrying(f"download of {ref.path}", once, o.deadline_s + ref.size / o.min_rate_bps)
         except RegistryUnavailable as e:
-            if "truncated" in e.detail:
-                raise CheckFailed("size", f"download of {ref.path} stayed truncated after {self.options.attempts} "
+            if type(e) is RegistryUnavailable and "truncated" in e.detail:
+                if part.exists():
+                    part.unlink()
+                raise CheckFailed("size", f"download of {ref.path} stayed truncated after {o.attempts} "
                                           f"attempts ({e.detail})") from None
             raise
         if sha256_path(part) != ref.sha256:
             part.unlink()
             raise CheckFailed("hash", f"downloaded bundle {ref.path} sha256 does not match the registry's {ref.sha256[:12]}…")
         return stats
-

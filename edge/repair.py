@@ -17,7 +17,6 @@ job (a kill between the two renames leaves ``previous`` dangling, which it re-do
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional
@@ -26,7 +25,7 @@ from edge import bundle, crash
 from edge.errors import CheckFailed
 from edge.pull import check_identity, unpack
 from edge.registry_client import RegistryClient, RegistryUnavailable, TransferOptions
-from edge.store import DeviceStore, fsync_dir, make_writable
+from edge.store import DeviceStore, fsync_dir
 
 STEPS = ("repair-downloaded", "repair-verified", "repair-moved")  # crash points, in order
 
@@ -50,13 +49,15 @@ def find_damaged(store: DeviceStore, trusted: Iterable) -> List[Damage]:
     trusted = list(trusted)
     current, previous = store.link("current"), store.link("previous")
     found = []
-    for path in sorted((store.root / "bundles").glob("*/*")):
-        if path == current or not path.is_dir():
-            continue
-        try:
-            bundle.verify_dir(path, trusted)
-        except (CheckFailed, OSError, ValueError) as e:
-            found.append(Damage(path.parent.name, path.name, path, str(e)[:500]))
+    for policy_dir in sorted((store.root / "bundles").glob("*")):
+        for version in store.installed(policy_dir.name):
+            path = policy_dir / version
+            if path == current:
+                continue
+            try:
+                bundle.verify_dir(path, trusted)
+            except (CheckFailed, OSError) as e:
+                found.append(Damage(path.parent.name, path.name, path, str(e)[:500]))
     if previous is not None and previous != current and not previous.is_dir():
         found.append(Damage(previous.parent.name, previous.name, previous, "`previous` points at a missing directory"))
     return found
@@ -111,8 +112,7 @@ def repair(root: Path, registry_url: str, trusted: Iterable, options: Optional[T
                 failed.append(f"{damage.policy} v{damage.version}: {e}")
                 continue
             finally:
-                make_writable(staging)
-                shutil.rmtree(str(staging), ignore_errors=True)
+                store.discard(staging)
             store.record("repaired", policy=damage.policy, version=damage.version, path=str(damage.path),
                          detail=damage.detail, bundle_sha256=sha256)
             repaired.append(damage)

@@ -98,7 +98,8 @@ class Reporter:
                  mark: str = "report.json", label: str = "watch", timeout_s: float = 5.0,
                  backoff_base_s: float = 30.0, backoff_cap_s: float = 600.0) -> None:
         self.path = Path(root) / mark
-        self.client = RegistryClient(registry_url, TransferOptions(attempts=1, timeout_s=timeout_s))
+        self.client = RegistryClient(registry_url, TransferOptions(attempts=1, timeout_s=timeout_s,
+                                                                   deadline_s=2 * timeout_s))
         self.model, self.key, self.state, self.label = model, key, state, label
         self.base_s, self.cap_s = backoff_base_s, backoff_cap_s
 

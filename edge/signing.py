@@ -72,6 +72,14 @@ def load_trusted(paths: Iterable[Path]) -> List[Ed25519PublicKey]:
     return [load_public(p) for p in paths]
 
 
+def key_ids(trusted: Iterable[Ed25519PublicKey]) -> List[str]:
+    """The sorted sha256 digests (hex, 16 digits) of the keys' raw bytes: which key set a check ran against."""
+    import hashlib
+
+    raw = (k.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw) for k in trusted)
+    return sorted(hashlib.sha256(b).hexdigest()[:16] for b in raw)
+
+
 def verify(trusted: Iterable[Ed25519PublicKey], data: bytes, signature: bytes) -> bool:
     """True if any trusted key signed ``data``."""
     for key in trusted:

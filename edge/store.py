@@ -27,10 +27,11 @@ import stat
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, List, Optional
 
 from edge import crash
 from edge.errors import CheckFailed
+from edge.values import PolicyName, Sha256, Version
 
 
 def fsync_dir(path: Path) -> None:
@@ -68,18 +69,34 @@ class DeviceStore:
     def journal_path(self) -> Path:
         return self.root / "journal.jsonl"
 
+    def inside(self, *parts: str) -> Path:
+        """``<root>/<parts…>``, refused (check ``store``) unless it resolves to a path inside the store root.
+
+        Every path the store builds from a value (policy, version, digest) goes through here, after the
+        value itself was parsed (edge/values.py): two independent guards against leaving the store."""
+        path = self.root.joinpath(*parts)
+        root, resolved = self.root.resolve(), path.resolve()
+        if resolved != root and root not in resolved.parents:
+            raise CheckFailed("store", f"{path} resolves to {resolved}, outside the store {root}")
+        return path
+
     def bundle_dir(self, policy: str, version: str) -> Path:
-        return self.root / "bundles" / policy / version
+        return self.inside("bundles", PolicyName.parse(policy, check="store"), Version.parse(version, check="store"))
 
     def staging_dir(self) -> Path:
         """A fresh temporary directory on the store's filesystem."""
         (self.root / "tmp").mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(dir=str(self.root / "tmp")))
 
+    def discard(self, staged: Path) -> None:
+        """Remove a staging directory and whatever is in it (read-only files included)."""
+        make_writable(staged)
+        shutil.rmtree(str(staged), ignore_errors=True)
+
     def download_part(self, sha256: str) -> Path:
         """Where the download of the bundle with digest ``sha256`` accumulates (kept across runs)."""
         (self.root / "downloads").mkdir(parents=True, exist_ok=True)
-        return self.root / "downloads" / f"{sha256}.part"
+        return self.inside("downloads", f"{Sha256.parse(sha256, check='store')}.part")
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -165,17 +182,21 @@ class DeviceStore:
         except (OSError, ValueError):
             return {}
 
-    def known_bad(self, policy: str, version: str, sha256: str) -> Optional[dict]:
-        """The failure recorded for this version, if its bundle had this same digest."""
+    def known_bad(self, policy: str, version: str, sha256: str, keys: List[str]) -> Optional[dict]:
+        """The failure recorded for this version, if its bundle had this same digest; a signature failure
+        counts only against the same set of trusted keys (``keys``: their ids), so a changed ``--trust`` retries."""
         entry = self.failed_versions().get(f"{policy}/{version}")
-        return entry if entry and entry.get("bundle_sha256") == sha256 else None
+        if not entry or entry.get("bundle_sha256") != sha256:
+            return None
+        return None if entry.get("check") == "signature" and entry.get("trusted_keys") != keys else entry
 
-    def note_failed(self, policy: str, version: str, sha256: str, check: str, detail: str) -> dict:
-        """Remember that this version's bundle (by digest) failed ``check``; counts repeats of the same digest."""
+    def note_failed(self, policy: str, version: str, sha256: str, check: str, detail: str, keys: List[str]) -> dict:
+        """Remember that this version's bundle (by digest) failed ``check`` with these trusted keys; counts repeats."""
         failed = self.failed_versions()
-        old = self.known_bad(policy, version, sha256)
+        old = self.known_bad(policy, version, sha256, keys)
         entry = {"policy": policy, "version": version, "bundle_sha256": sha256, "check": check,
-                 "detail": detail[:500], "time": time.time(), "count": (old["count"] if old else 0) + 1}
+                 "detail": detail[:500], "time": time.time(), "count": (old["count"] if old else 0) + 1,
+                 "trusted_keys": keys}
         failed[f"{policy}/{version}"] = entry
         write_atomic(self.failed_path, json.dumps(failed, sort_keys=True).encode())
         return entry
@@ -262,7 +283,9 @@ class DeviceStore:
     def installed(self, policy: str) -> list:
         """Installed versions of ``policy``, oldest first."""
         base = self.root / "bundles" / policy
-        return sorted((p.name for p in base.iterdir() if p.is_dir()), key=int) if base.is_dir() else []
+        if not base.is_dir():
+            return []
+        return sorted((p.name for p in base.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()), key=int)
 
     def remove(self, bundle: Path) -> None:
         """Delete an installed bundle directory (never one that ``current`` or ``previous`` names)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import urllib.parse
 from pathlib import Path
@@ -37,7 +38,21 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from edge.store import fsync_dir
+from edge.errors import CheckFailed
 from edge.registry_client import RegistryClient, RegistryError, TransferOptions
+from edge.values import ArtifactPath, shown
+
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def answer_field(answer: object, keys: tuple, pattern: "re.Pattern[str]") -> str:
+    """``answer[k0][k1]…`` as a string matching ``pattern``, or a refusal naming the field (check ``registry``)."""
+    value = answer
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise CheckFailed("registry", f"the registry's answer has no valid {'.'.join(keys)}: {shown(value)}")
+    return value
 
 EXPERIMENT = "sim2edge/telemetry"
 SCHEMA_VERSION = 1
@@ -148,14 +163,14 @@ class Uploader:
 
     def _experiment_id(self) -> str:
         try:
-            return self.client._json("/api/2.0/mlflow/experiments/get-by-name",
-                                     {"experiment_name": EXPERIMENT})["experiment"]["experiment_id"]
+            answer = self.client._json("/api/2.0/mlflow/experiments/get-by-name", {"experiment_name": EXPERIMENT})
+            return answer_field(answer, ("experiment", "experiment_id"), _ID)
         except RegistryError as e:
             if e.status != 404:
                 raise
         try:
-            return self.client._json("/api/2.0/mlflow/experiments/create", method="POST",
-                                     body={"name": EXPERIMENT})["experiment_id"]
+            answer = self.client._json("/api/2.0/mlflow/experiments/create", method="POST", body={"name": EXPERIMENT})
+            return answer_field(answer, ("experiment_id",), _ID)
         except RegistryError as e:  # created meanwhile by another device
             if "RESOURCE_ALREADY_EXISTS" not in e.detail and e.status != 400:
                 raise
@@ -166,17 +181,25 @@ class Uploader:
                 "sim2edge.policy_version": version, "mlflow.runName": f"telemetry {self.device_id}"}
         run = self.client._json("/api/2.0/mlflow/runs/create", method="POST", body={
             "experiment_id": self._experiment_id(), "start_time": int(time.time() * 1000),
-            "run_name": f"telemetry {self.device_id}", "tags": [{"key": k, "value": v} for k, v in tags.items()]})["run"]
-        uri = run["info"]["artifact_uri"]
+            "run_name": f"telemetry {self.device_id}", "tags": [{"key": k, "value": v} for k, v in tags.items()]})
+        uri = answer_field(run, ("run", "info", "artifact_uri"), re.compile(r".{1,2048}"))
         if not uri.startswith("mlflow-artifacts:"):
             raise RegistryError(f"telemetry run artifacts live at {uri}, not behind the artifact proxy "
                                 f"(start the server with --serve-artifacts)", 0)
-        return {"run_id": run["info"]["run_id"], "artifacts": uri.split(":", 1)[1].lstrip("/") + "/telemetry",
+        artifacts = ArtifactPath.parse(uri.split(":", 1)[1].lstrip("/"), "run.info.artifact_uri")
+        return {"run_id": answer_field(run, ("run", "info", "run_id"), _ID), "artifacts": artifacts + "/telemetry",
                 "version": version, "confirmed": []}
 
     def _listed_sizes(self, artifacts: str) -> Dict[str, int]:
+        """What the artifact proxy lists under ``artifacts``: file name → size (entries it cannot size: -1)."""
         listing = self.client._json("/api/2.0/mlflow-artifacts/artifacts", {"path": artifacts})
-        return {f["path"].rsplit("/", 1)[-1]: int(f.get("file_size", -1)) for f in listing.get("files", [])}
+        files = listing.get("files", [])
+        sizes = {}
+        for f in files if isinstance(files, list) else []:
+            if isinstance(f, dict) and isinstance(f.get("path"), str):
+                size = f.get("file_size", -1)
+                sizes[f["path"].rsplit("/", 1)[-1]] = size if isinstance(size, int) and not isinstance(size, bool) else -1
+        return sizes
 
     def upload(self, stop_after: Optional[int] = None) -> List[str]:
         """Upload every pending file; returns the run ids finished. ``stop_after`` files: stop early (tests)."""

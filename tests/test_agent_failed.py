@@ -114,13 +114,13 @@ def test_smoke_failing_version_needs_retry_failed_and_a_new_version_activates(ml
                        "--trust", str(pub), "--skip-target-check", *extra)
 
     first = agent_pull()
-    assert first.returncode == 2 and "smoke: golden outputs differ" in first.stderr, first.stderr
+    assert first.returncode == 1 and "smoke: golden outputs differ" in first.stderr, first.stderr
     second = agent_pull()
-    assert second.returncode == 2 and downloads(proxy) == 1, (second.stderr, proxy.log)
+    assert second.returncode == 1 and downloads(proxy) == 1, (second.stderr, proxy.log)
     assert "known-bad:" in second.stderr and "failed its smoke check 1 time(s)" in second.stderr
     assert "--retry-failed" in second.stderr
     third = agent_pull("--retry-failed")
-    assert third.returncode == 2 and "smoke:" in third.stderr and downloads(proxy) == 2
+    assert third.returncode == 1 and "smoke:" in third.stderr and downloads(proxy) == 2
     assert json.loads((root / "failed.json").read_text())[f"{name}/3"]["count"] == 2
     assert not (root / "current").is_symlink() and DeviceStore(root).installed(name) == []
     make_bundle(tmp_path / "good.tar", priv, version="4", name=name)

@@ -137,7 +137,7 @@ def test_oversized_response_is_refused_not_retried(mlflow_server, proxy, keys, t
 def test_bundle_declared_over_the_limit_is_not_downloaded(mlflow_server, proxy, keys, tmp_path):
     name = new_policy(mlflow_server, tmp_path, keys[0])
     opts = PullOptions(TransferOptions(max_bytes=1000))
-    with pytest.raises(CheckFailed, match=r"size: .* is declared \d+ bytes, over this device's limit of 1000"):
+    with pytest.raises(CheckFailed, match=r"size: .* declares \d+ bytes, over this device's limit of 1000"):
         pull_v(name, 1, proxy.url, tmp_path / "store", keys[1], options=opts)
     assert proxy.log == []
 
@@ -161,7 +161,7 @@ def test_registry_down_keeps_current_and_backs_off(mlflow_server, keys, tmp_path
     r = run_cli("sim2edge-agent", "pull", f"{name}@2", "--registry", down, "--root", str(root),
                 "--trust", str(keys[1]), "--skip-target-check", "--ignore-backoff", "--attempts", "2",
                 "--retry-base", "0.01")
-    assert r.returncode == 2 and "is unreachable" in r.stderr and "current policy unchanged" in r.stderr, r.stderr
+    assert r.returncode == 3 and "is unreachable" in r.stderr and "current policy unchanged" in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1
     state = DeviceStore(root).backoff_state()
     assert state["failures"] == 2 and 30 <= state["next_attempt"] - state["last_attempt"] <= 60  # CLI base 30 s, doubled

@@ -65,7 +65,7 @@ def test_repair_command_fixes_every_copy_but_current(mlflow_server, installed):
     shutil.rmtree(v2)  # previous gone: the store never removes it, a failing disk may
     damage(v3 / "policy.onnx")
     down = agent(store, pub, f"http://127.0.0.1:{free_port()}")
-    assert down.returncode == 2 and "unreachable" in down.stderr and not v2.exists(), down.stderr
+    assert down.returncode == 3 and "unreachable" in down.stderr and not v2.exists(), down.stderr
     r = agent(store, pub, mlflow_server)
     assert r.returncode == 0, r.stderr
     assert f"repaired {name} v1" in r.stdout and f"repaired {name} v2" in r.stdout and "v3" not in r.stdout

@@ -22,9 +22,11 @@ def keys(tmp_path):
 
 
 def unpack(tar: Path, dest: Path, trusted) -> dict:
+    """As the device does: authenticate and unpack, then verify the unpacked copy as a stored one is."""
     dest.mkdir()
-    bundle.extract(tar, dest, max_bytes=1 << 24)
-    return bundle.verify_dir(dest, trusted)
+    manifest = bundle.extract(tar, dest, max_bytes=1 << 24, trusted=trusted)
+    assert bundle.verify_dir(dest, trusted) == manifest
+    return manifest
 
 
 def test_same_inputs_same_bytes(tmp_path, keys):
