@@ -176,7 +176,7 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
                              retry_after_s=round(state["next_attempt"] - time.time(), 1))
                 raise RegistryUnavailable(f"{e.detail}; current policy unchanged "
                                           f"({current if current else 'none active'}); next attempt in "
-                                          f"{state['next_attempt'] - time.time():.1f} s") from None
+                                          f"{max(0.0, state['next_attempt'] - time.time()):.1f} s", e.check) from None
         except CheckFailed as e:
             if e.check not in ("backoff", "health") and not isinstance(e, RegistryUnavailable):  # health: journaled
                 _record_refusal(store, ref, e)
