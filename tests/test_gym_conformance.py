@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -21,6 +22,7 @@ from stages.sim import gym_registration, registry
 from stages.sim.cartpole import CartPole
 from stages.sim.gym_env import TaskEnv
 from stages.sim.gym_vector import GymVectorEnv
+from stages.sim.task import Term
 
 IDS = gym_registration.register_all()
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +86,18 @@ def test_render_and_module_id_in_a_fresh_process():
     assert done.stdout.split("\n")[-2] == "(180, 240, 3) uint8 1"
 
 
-def test_sb3_ppo_trains_on_it():
+@pytest.fixture
+def one_torch_thread():
+    """A tiny MLP: one thread is faster than two fighting over shared cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_sb3_ppo_trains_on_it(one_torch_thread):
     from stable_baselines3 import PPO
 
     model = PPO("MlpPolicy", gym.make("sim2edge/Reacher-v0"), n_steps=512, batch_size=128, n_epochs=2, seed=0,
@@ -96,6 +109,24 @@ def test_sb3_ppo_trains_on_it():
     after = list(model.policy.parameters())
     assert all(p.isfinite().all() for p in after)
     assert any(not (a == b).all() for a, b in zip(after, before))
+
+
+@pytest.mark.parametrize("task", registry.names())
+def test_declared_bounds_hold_along_random_rollouts(task):
+    vec = GymVectorEnv(task, 8, seed=0)
+    obs, _ = vec.reset(seed=0)
+    for _ in range(120):
+        assert vec.observation_space.contains(obs)
+        obs, *_ = vec.step(vec.action_space.sample())
+
+
+def test_bounds_a_task_breaks_are_named_at_registration():
+    @dataclass(frozen=True)
+    class Lying(CartPole):
+        observations: tuple = (Term("cart_pos", "m", low=1.0, high=2.0), *CartPole.observations[1:])
+
+    with pytest.raises(ValueError, match=r"observation term 'cart_pos' outside its bounds \[1.0, 2.0\]"):
+        Lying().validate()
 
 
 def test_seeded_reset_is_reproducible():
@@ -201,12 +232,38 @@ def test_observation_wrappers_run_across_autoresets():
         NormalizeObservation(same)  # why NEXT_STEP is the default
 
 
-def test_registering_a_task_at_run_time(monkeypatch):
-    monkeypatch.setitem(registry._FACTORIES, "cart_copy", CartPole)
-    try:
-        assert "sim2edge/CartCopy-v0" in gym_registration.register_all()
-        env = gym.make("sim2edge/CartCopy-v0")
-        assert isinstance(env.unwrapped, TaskEnv) and env.unwrapped.obs_names[0] == "cart_pos"
-    finally:
-        gym.registry.pop("sim2edge/CartCopy-v0", None)
-        registry._BUILT.pop("cart_copy", None)
+@pytest.fixture
+def one_step_cartpole(monkeypatch):
+    """A task registered at run time: cart-pole with one-step episodes."""
+    monkeypatch.setitem(registry._FACTORIES, "one_step", lambda: CartPole(episode_steps=1))
+    yield "one_step"
+    gym.registry.pop("sim2edge/OneStep-v0", None)
+    registry._BUILT.pop("one_step", None)
+
+
+def test_registering_a_task_at_run_time(one_step_cartpole):
+    assert "sim2edge/OneStep-v0" in gym_registration.register_all()
+    env = gym.make("sim2edge/OneStep-v0")
+    assert isinstance(env.unwrapped, TaskEnv) and env.unwrapped.obs_names[0] == "cart_pos"
+    env.reset(seed=0)
+    assert env.step(np.zeros(1))[3]  # truncated after its one step
+
+
+def test_next_step_keeps_the_physics_drawn_at_the_reset(one_step_cartpole):
+    """Every episode is one step long, so the idle step of NEXT_STEP ends (and re-randomizes) in the batched env
+    too; it is undone: the next episode runs with the state and physics drawn when it was reset."""
+    randomization = registry.load(one_step_cartpole).randomization
+    nxt = GymVectorEnv(one_step_cartpole, 4, randomization=randomization, autoreset_mode="NextStep")
+    same = GymVectorEnv(one_step_cartpole, 4, randomization=randomization, autoreset_mode="SameStep")
+    nxt.reset(seed=2)
+    same.reset(seed=2)
+    push = np.ones((4, 1), np.float32)
+    assert nxt.step(push)[3].all() and same.step(push)[3].all()
+    drawn = list(nxt.env.params)
+    assert drawn == list(same.env.params)
+    obs, reward, *_ = nxt.step(push)  # the idle step: reset observations
+    assert (reward == 0).all() and nxt.env.params == drawn
+    obs, _, _, truncated, _ = nxt.step(push)
+    *_, infos = same.step(push)
+    assert truncated.all()
+    np.testing.assert_array_equal(obs, np.stack(infos["final_obs"]))
