@@ -51,7 +51,8 @@ def test_gymnasium_check_env(env_id):
     assert env.metadata["render_modes"] == ["rgb_array"]
     space = env.observation_space
     assert space.dtype == np.float32 and space.shape == (task.obs_dim,)
-    assert list(space.low) == [t.low for t in task.observations] and list(space.high) == [t.high for t in task.observations]
+    assert list(space.low) == [t.low for t in task.observations]
+    assert list(space.high) == [t.high for t in task.observations]
     unexpected = [m for m in recorded(check_env, env.unwrapped, skip_render_check=True) if INFINITE_BOUNDS not in m]
     assert unexpected == []
 
@@ -79,7 +80,8 @@ def test_render_and_module_id_in_a_fresh_process():
     """``module:id`` registers on import; gymnasium's render checks pass; frames show the state (MuJoCo picks its GL
     backend at import, so this runs in a child with MUJOCO_GL=egl)."""
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", RENDER], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", RENDER], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
     if "rendering is unavailable" in done.stderr:
         pytest.skip(done.stderr.strip().splitlines()[-1])
     assert done.returncode == 0, done.stderr[-2000:]
@@ -175,6 +177,8 @@ def test_make_vec_gives_the_batched_env_next_step_by_default():
     assert sync.reset(seed=0)[0].shape == (2, 18)
     with pytest.raises(ValueError, match="autoreset_mode 'Disabled' is not supported; valid: NextStep, SameStep"):
         GymVectorEnv("arm6", 2, autoreset_mode=AutoresetMode.DISABLED)
+    with pytest.raises(ValueError, match=r"seed must be one int \(one generator drives all 8 environments\)"):
+        vec.reset(seed=list(range(8)))
 
 
 def test_next_step_autoreset_matches_same_step_one_step_later():

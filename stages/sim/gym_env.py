@@ -55,11 +55,14 @@ def safe_actions(action: Any, shape: tuple[int, ...], task: Task) -> tuple[np.nd
 
 
 class TaskEnv(gym.Env[np.ndarray, np.ndarray]):
-    """One task as a ``gymnasium.Env``; ``obs_names`` and ``action_names`` name the spaces' components."""
+    """One task as a ``gymnasium.Env``; ``obs_names`` and ``action_names`` name the spaces' components.
+
+    The step that ends an episode adds ``episode_return`` and ``is_success`` (SB3's key for its success rate)
+    to ``info``."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": None}
 
-    def __init__(self, task: str = "reacher", render_mode: str | None = None, params: PhysicalParams | None = None,
+    def __init__(self, task: str, render_mode: str | None = None, params: PhysicalParams | None = None,
                  randomization: Randomization | None = None, width: int = 240, height: int = 180) -> None:
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode {render_mode!r} is not supported; valid: {self.metadata['render_modes']}")

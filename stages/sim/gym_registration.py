@@ -2,7 +2,7 @@
 
 ``gym.make(id)`` gives :class:`~stages.sim.gym_env.TaskEnv` and ``gym.make_vec(id, num_envs=N)`` the
 batched :class:`~stages.sim.gym_vector.GymVectorEnv` (``NEXT_STEP`` autoreset; pass
-``autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP`` for the faster one). Keyword arguments go
+``autoreset_mode=gymnasium.vector.AutoresetMode.SAME_STEP`` for no idle step per episode). Keyword arguments go
 to the env (``params``, ``randomization``; ``render_mode`` of the single env).
 
 Importing this module registers the ids, gymnasium's own idiom since 1.0 dropped the

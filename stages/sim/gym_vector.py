@@ -40,8 +40,8 @@ class GymVectorEnv(gym.vector.VectorEnv):
         except ValueError:
             mode = None
         if mode not in MODES:
-            raise ValueError(f"autoreset_mode {getattr(autoreset_mode, 'value', autoreset_mode)!r} is not supported; valid: "
-                             f"{', '.join(m.value for m in MODES)}")
+            shown = getattr(autoreset_mode, "value", autoreset_mode)
+            raise ValueError(f"autoreset_mode {shown!r} is not supported; valid: {', '.join(m.value for m in MODES)}")
         self.metadata = {"autoreset_mode": mode}
         self.task = load(task)
         self.env = BatchedEnv(self.task, num_envs, params=params, randomization=randomization, seed=seed, nthread=nthread)
@@ -56,6 +56,7 @@ class GymVectorEnv(gym.vector.VectorEnv):
         self._pending = np.zeros(num_envs, dtype=bool)
         """NEXT_STEP: environments whose episode ended in the last step; their reset observation is due."""
         self._reset_obs = np.zeros((num_envs, self.task.obs_dim), dtype=np.float32)
+        self._actuated = actuated_dofs(self.task.model)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
         if seed is not None:
@@ -118,15 +119,15 @@ class GymVectorEnv(gym.vector.VectorEnv):
 
     def _hold(self, rows: np.ndarray) -> dict:
         """The per-environment state of ``rows`` (every array the batched env snapshots, and their physics)."""
-        return {"arrays": {k: np.take(getattr(self.env, k), rows, axis=self._row_axis(k)) for k in BatchedEnv._SNAPSHOT},
-                "params": [self.env.params[i] for i in rows]}
+        arrays = {k: np.take(getattr(self.env, k), rows, axis=self._row_axis(k)) for k in BatchedEnv._SNAPSHOT}
+        return {"arrays": arrays, "params": [self.env.params[i] for i in rows]}
 
     def _put_back(self, rows: np.ndarray, held: dict, done: np.ndarray) -> None:
         for k, v in held["arrays"].items():
             getattr(self.env, k)[(slice(None),) * self._row_axis(k) + (rows,)] = v
         for i, p in zip(rows, held["params"]):
             if done[i] and self.env.randomization:  # its auto-reset drew new physics: restore the held ones
-                apply_params(self.env.models[i], self.task.model, p, self.task.mass_mask, actuated_dofs(self.task.model))
+                apply_params(self.env.models[i], self.task.model, p, self.task.mass_mask, self._actuated)
             self.env.params[i] = p
 
     @staticmethod
