@@ -73,7 +73,7 @@ def test_gymnasium_vector_adapter_drives_like_gymnasium():
 
     from stages.sim.gym_vector import GymVectorEnv
 
-    env = RecordEpisodeStatistics(GymVectorEnv("reacher", 4, seed=0))
+    env = RecordEpisodeStatistics(GymVectorEnv("reacher", 4, seed=0, autoreset_mode="SameStep"))
     obs, _ = env.reset(seed=1)
     assert obs.shape == (4, 10) and env.single_observation_space.contains(obs[0])
     finished = 0

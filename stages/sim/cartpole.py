@@ -19,8 +19,8 @@ class CartPole(Task):
     mjcf: Path = ASSETS / "cartpole.xml"
     observations: tuple[Term, ...] = (
         Term("cart_pos", "m"),
-        Term("pole_cos", "1"),
-        Term("pole_sin", "1"),
+        Term("pole_cos", "1", low=-1, high=1),
+        Term("pole_sin", "1", low=-1, high=1),
         Term("cart_vel", "m/s"),
         Term("pole_angvel", "rad/s"),
     )

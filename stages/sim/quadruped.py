@@ -36,11 +36,11 @@ class Quadruped(Task):
     observations: tuple[Term, ...] = (
         Term("base_vx", "m/s"), Term("base_vy", "m/s"), Term("base_vz", "m/s"),  # body frame
         Term("base_wx", "rad/s"), Term("base_wy", "rad/s"), Term("base_wz", "rad/s"),
-        Term("gravity_x", "1"), Term("gravity_y", "1"), Term("gravity_z", "1"),  # unit gravity in the body frame
+        *(Term(f"gravity_{a}", "1", low=-1, high=1) for a in "xyz"),  # unit gravity in the body frame
         Term("command_vx", "m/s"), Term("command_vy", "m/s"), Term("command_yaw_rate", "rad/s"),
         *(Term(f"{j}_pos", "rad from standing") for j in JOINTS),
         *(Term(f"{j}_vel", "rad/s") for j in JOINTS),
-        *(Term(f"last_action_{j}", "1") for j in JOINTS),
+        *(Term(f"last_action_{j}", "1", low=-1, high=1) for j in JOINTS),  # the clipped action
     )
     # servo setpoints: ctrl = standing pose + 0.5 rad · action
     actions: tuple[Term, ...] = tuple(Term(j, "0.5 rad setpoint", joint=j) for j in JOINTS)

@@ -44,7 +44,7 @@ class Reacher(Task):
     name: str = "reacher"
     mjcf: Path = field(default_factory=gymnasium_reacher_xml)
     observations: tuple[Term, ...] = (
-        Term("cos_shoulder", "1"), Term("cos_elbow", "1"), Term("sin_shoulder", "1"), Term("sin_elbow", "1"),
+        *(Term(f"{f}_{j}", "1", low=-1, high=1) for f in ("cos", "sin") for j in ("shoulder", "elbow")),
         Term("target_x", "m"), Term("target_y", "m"), Term("shoulder_vel", "rad/s"), Term("elbow_vel", "rad/s"),
         Term("tip_to_target_x", "m"), Term("tip_to_target_y", "m"),
     )

@@ -20,6 +20,9 @@ class Term:
     unit: str
     joint: str = ""
     """For an action term: the MJCF joint its actuator drives; when given, registration checks it."""
+    low: float = -np.inf
+    high: float = np.inf
+    """For an observation term: bounds its noise-free value always lies in (±inf where the task does not know)."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,11 @@ class Task:
         if not np.all(np.isfinite(obs)):
             term = self.observations[int(np.flatnonzero(~np.isfinite(obs).all(axis=0))[0])].name
             raise ValueError(f"task {self.name!r}: observe() gave NaN/Inf in observation term {term!r} at the initial state")
+        low, high = np.array([t.low for t in self.observations]), np.array([t.high for t in self.observations])
+        if (outside := ~((obs >= low) & (obs <= high)).all(axis=0)).any():
+            t = self.observations[int(np.flatnonzero(outside)[0])]
+            raise ValueError(f"task {self.name!r}: observe() gave observation term {t.name!r} outside its bounds "
+                             f"[{t.low}, {t.high}] at the initial state")
         reward = self.reward(qpos, qvel, np.zeros((n, self.act_dim), dtype=np.float32), **history)
         if np.shape(reward) != (n,):
             raise ValueError(f"task {self.name!r}: reward() gave shape {np.shape(reward)}, expected (N,)")
