@@ -25,8 +25,8 @@ def main() -> int:
     try:
         with store.locked():
             staged = store.staging_dir()
-            bundle.extract(args.bundle, staged, max_bytes=4 * args.bundle.stat().st_size + (1 << 20))
-            manifest = bundle.verify_dir(staged, signing.load_trusted([args.trust]))
+            manifest = bundle.extract(args.bundle, staged, max_bytes=4 * args.bundle.stat().st_size + (1 << 20),
+                                      trusted=signing.load_trusted([args.trust]))  # authenticated before unpacked
             check_compatible(load_target(manifest["target"]["name"]), detect_device())
             policy, version = manifest["policy"]["name"], str(manifest["policy"]["version"])
             store.activate(store.install(staged, policy, version))

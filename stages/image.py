@@ -61,8 +61,7 @@ class BuiltImage(BaseModel):
 def jetson_context(cfg: ImageConfig, bundle_file: Path, trust: Path, out: Path) -> JetsonContext:
     """Verify ``bundle_file`` against ``trust`` and write the Jetson image's build context to ``out`` (atomically)."""
     with tempfile.TemporaryDirectory() as tmp:
-        bundle.extract(bundle_file, Path(tmp), max_bytes=1 << 31)
-        manifest = bundle.verify_dir(Path(tmp), signing.load_trusted([trust]))
+        manifest = bundle.extract(bundle_file, Path(tmp), max_bytes=1 << 31, trusted=signing.load_trusted([trust]))
     target = load_target(manifest["target"]["name"])
     base = cfg.base or (target.base_images[0] if target.base_images else None)
     if base is None:
