@@ -123,3 +123,35 @@ def test_a_well_formed_subclass_registers(monkeypatch):
 
     register(monkeypatch, Longer)
     assert registry.load("broken").episode_steps == 300
+
+
+def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(monkeypatch, tmp_path):
+    """Registration sees finite initial states; the first NaN in a rollout stops training at iteration 0,
+    naming the term, the env and the step, before NaN actions can make the physics unstable."""
+    from stages.sim.env import NonFiniteTerm
+    from stages.sim.params import PhysicalParams
+    from stages.train import TrainConfig, train
+
+    @dataclass(frozen=True)
+    class NanWhenFast(CartPole):
+        def observe(self, qpos, qvel):
+            obs = super().observe(qpos, qvel)
+            with np.errstate(invalid="ignore"):
+                obs[:, 3] = np.log(0.15 - np.abs(qvel[:, 0]))  # finite at rest (|v| <= 0.1), NaN once the cart is fast
+            return obs
+
+    register(monkeypatch, NanWhenFast)
+    registry.load("broken")  # passes registration
+    cfg = TrainConfig(task="broken", iterations=2, num_envs=8, steps_per_env=64, seed=0)
+    with pytest.raises(NonFiniteTerm, match=r"task 'cartpole': observation term 'cart_vel' is nan in env \d+ at "
+                                            r"episode step [1-9]\d*, on a finite physics state"):
+        train(cfg, PhysicalParams(), tmp_path)
+
+    @dataclass(frozen=True)
+    class NanReward(CartPole):
+        def reward(self, qpos, qvel, action):
+            return np.where(np.abs(qvel[:, 0]) > 0.15, np.inf, super().reward(qpos, qvel, action))
+
+    register(monkeypatch, NanReward)
+    with pytest.raises(NonFiniteTerm, match=r"task 'cartpole': reward\(\) is inf in env \d+ at episode step [1-9]"):
+        train(cfg, PhysicalParams(), tmp_path)

@@ -20,6 +20,10 @@ from stages.sim.task import Task
 STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
 
 
+class NonFiniteTerm(ValueError):
+    """A task's observation or reward turned NaN/Inf on a finite physics state: a bug in the task's terms."""
+
+
 @dataclass
 class StepResult:
     """One batched step. Shapes: obs (N, obs_dim); reward, terminated, truncated (N,)."""
@@ -55,6 +59,7 @@ class BatchedEnv:
         disturbance: Disturbance | None = None,
     ) -> None:
         self.task, self.num_envs = task, num_envs
+        self._all = np.arange(num_envs)
         self.disturbance = disturbance or Disturbance()
         self.centre = params or task.nominal_params()
         self.randomization = randomization
@@ -189,6 +194,7 @@ class BatchedEnv:
         if self.terminate:
             terminated |= self.task.terminated(qpos, qvel)
         self.episode_step += 1
+        self._check_finite("reward()", reward, self._all)
         self.episode_return += reward
         truncated = (self.episode_step >= self.task.episode_steps) & ~terminated
         done = terminated | truncated
@@ -199,10 +205,25 @@ class BatchedEnv:
             success &= self.task.succeeded(qpos[done], qvel[done])
         if done.any():
             final_obs = self.observe()[done]
+            self._check_finite("", final_obs, np.flatnonzero(done))
             obs = self.reset(done)
         else:
             final_obs, obs = np.zeros((0, self.task.obs_dim), dtype=np.float32), self.observe()
+        self._check_finite("", obs, self._all)
         return StepResult(obs, reward, terminated, truncated, done, returns, success, lengths, final_obs, qpos)
+
+    def _check_finite(self, name: str, values: np.ndarray, envs: np.ndarray) -> None:
+        """Stop at the first NaN/Inf in ``values`` (a reward (N,) or observations (rows, obs_dim) of ``envs``)
+        computed from a finite physics state, naming the term, the env and its episode step. An unstable
+        simulation (a non-finite state) is not the task's fault: it terminates its episode instead."""
+        finite = np.all(np.isfinite(self.state[envs]), axis=1)
+        bad = ~np.isfinite(values) & (finite[:, None] if values.ndim == 2 else finite)
+        if bad.any():
+            row, *col = (int(v) for v in np.argwhere(bad)[0])
+            term = f"observation term {self.task.observations[col[0]].name!r}" if col else name
+            i = int(envs[row])
+            raise NonFiniteTerm(f"task {self.task.name!r}: {term} is {values[row, col[0]] if col else values[row]} "
+                                f"in env {i} at episode step {self.episode_step[i]}, on a finite physics state")
 
     def _push_forces(self) -> np.ndarray:
         """(N, nv) this step's push: on for ``push_steps`` of every ``push_every`` steps, a random sign or direction
