@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -41,14 +42,35 @@ def deployments(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> list[RunnerD
     ]
 
 
+class OneLineDisconnects(logging.Filter):
+    """Prefect logs a server that went away (a closed websocket, a refused connection) with a traceback;
+    this keeps the log line and appends the exception's one-line summary instead."""
+
+    def __init__(self, disconnects: tuple[type[BaseException], ...]) -> None:
+        super().__init__()
+        self.disconnects = disconnects
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, self.disconnects):
+            record.msg, record.args = f"{record.getMessage()} ({type(exc).__name__}: {exc})", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
 def serve(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> None:
     """Serve both deployments from this process until interrupted, on the running Prefect server
     (:func:`flows.services.prefect_api`); if it stops answering meanwhile (``sim2edge up`` stopped),
     the shutdown, which pauses the schedules on it, ends in :class:`flows.services.PrefectUnavailable`."""
     import httpx
+    import websockets
     from prefect import serve as prefect_serve
+    from prefect.logging.configuration import ensure_logging_setup
 
     api = prefect_api()
+    ensure_logging_setup()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OneLineDisconnects((OSError, httpx.TransportError, websockets.ConnectionClosed)))
     try:
         prefect_serve(*deployments(timezone, cron))
     except httpx.TransportError as e:
