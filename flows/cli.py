@@ -242,9 +242,9 @@ def devices(model: Optional[str] = typer.Option(None, help="Registered model (de
                           rows, ids=2))
 
 
-def listing(headers: list[str], rows: list[list[str]], ids: int = 1, title: Optional[str] = None) -> Table:
+def listing(headers: list[str], rows: list[list[str]], ids: int = 1) -> Table:
     """A table whose first ``ids`` columns are identifiers: never wrapped nor cut; the other columns fold."""
-    table = Table(title=title)
+    table = Table()
     for i, header in enumerate(headers):
         if i < ids:
             table.add_column(header, no_wrap=True, min_width=max(len(header), *(len(r[i]) for r in rows)))
@@ -264,7 +264,7 @@ def print_listing(table: Table, out: Console = console) -> None:
 
 def _print_json(value: object) -> None:
     """Plain JSON on stdout (no wrapping, no colour), for scripts."""
-    sys.stdout.write(json.dumps(value, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -347,14 +347,13 @@ def tasks(as_json: bool = typer.Option(False, "--json", help="Print the tasks as
     """List the registered tasks."""
     from stages.sim.registry import load, names
 
-    found = [load(name) for name in names()]
+    found = {name: load(name) for name in names()}
     if as_json:
         _print_json({name: {"mjcf": str(t.mjcf), "observations": [o.name for o in t.observations],
                             "actions": [a.name for a in t.actions], "control_period_s": t.ctrl_dt,
-                            "episode_steps": t.episode_steps} for name, t in zip(names(), found)})
+                            "episode_steps": t.episode_steps} for name, t in found.items()})
         return
-    rows = [[name, str(t.obs_dim), str(t.act_dim), f"{t.ctrl_dt * 1e3:.0f} ms", t.mjcf.name]
-            for name, t in zip(names(), found)]
+    rows = [[name, str(t.obs_dim), str(t.act_dim), f"{t.ctrl_dt * 1e3:.0f} ms", t.mjcf.name] for name, t in found.items()]
     print_listing(listing(["task", "observations", "actions", "control period", "robot"], rows))
 
 
