@@ -211,7 +211,8 @@ def evaluate(
 
 
 @app.command()
-def devices(model: Optional[str] = typer.Option(None, help="Registered model (default: every one).")) -> None:
+def devices(model: Optional[str] = typer.Option(None, help="Registered model (default: every one)."),
+            as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON.")) -> None:
     """List the devices reporting to the registry (sim2edge-agent watch and run): version, health, runtime,
     control-loop timing, last error."""
     from mlflow.exceptions import MlflowException
@@ -223,21 +224,52 @@ def devices(model: Optional[str] = typer.Option(None, help="Registered model (de
         states = reports(MlflowClient(Workspace.from_env().tracking_uri()), model)
     except (MlflowException, ValueError) as e:
         _fail(str(e))
-    table = Table("model", "device", "version", "health", "runtime", "control loop", "reported", "last error")
+    if as_json:
+        _print_json([d.model_dump() for d in states])
+        return
+    if not states:
+        console.print("no device has reported")
+        return
+    rows = []
     for d in states:
         e, c = d.last_error or {}, d.control
         loop = (f"act p99 {c.get('act_p99_us')} us, {c.get('deadline_misses', 0)} late, "
                 f"{c.get('safe_default', 0)} unsafe, {c.get('watchdog_trips', 0)} watchdog / {c.get('ticks', 0)} ticks"
                 if c else "-")
-        table.add_row(d.model, d.device, d.version or "-", d.health or "-", d.runtime or "-", loop,
-                      f"{d.age_s:.0f} s ago",
-                      f"{e.get('check') or e.get('event')}: {e.get('detail', '')}"[:100] if e else "")
-    console.print(table if states else "no device has reported")
+        rows.append([d.model, d.device, d.version or "-", d.health or "-", d.runtime or "-", loop, f"{d.age_s:.0f} s ago",
+                     f"{e.get('check') or e.get('event')}: {e.get('detail', '')}"[:100] if e else ""])
+    print_listing(listing(["model", "device", "version", "health", "runtime", "control loop", "reported", "last error"],
+                          rows, ids=2))
 
 
-def _fail(message: str) -> None:
+def listing(headers: list[str], rows: list[list[str]], ids: int = 1) -> Table:
+    """A table whose first ``ids`` columns are identifiers: never wrapped nor cut; the other columns fold."""
+    table = Table()
+    for i, header in enumerate(headers):
+        if i < ids:
+            table.add_column(header, no_wrap=True, min_width=max(len(header), *(len(r[i]) for r in rows)))
+        else:
+            table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def print_listing(table: Table, out: Console = console) -> None:
+    """A terminal gets the table fitted to its width; a pipe or file gets it whole, as wide as it is."""
+    if not out.is_terminal:
+        out = Console(width=out.measure(table, options=out.options.update_width(1 << 20)).maximum, file=out.file)
+    out.print(table)
+
+
+def _print_json(value: object) -> None:
+    """Plain JSON on stdout (no wrapping, no colour), for scripts."""
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+def _fail(message: str, code: int = 2) -> None:
     console.print(Text.assemble(("error", "red"), f": {message}"), soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -276,13 +308,20 @@ def serve(
     timezone: str = typer.Option("UTC", help="Timezone of the nightly schedule (IANA name)."),
     cron: str = typer.Option("0 2 * * *", help="Nightly schedule."),
 ) -> None:
-    """Serve the sim-to-edge and nightly-retrain deployments from this process (one machine); Ctrl-C stops."""
+    """Serve the sim-to-edge and nightly-retrain deployments from this process (one machine) on the Prefect
+    server of `sim2edge up` (or PREFECT_API_URL); Ctrl-C stops."""
     ws = Workspace.from_env()
     ws.home.mkdir(parents=True, exist_ok=True)
     ws.configure_prefect()
-    from flows.deployments import serve as serve_deployments
+    from flows.services import PrefectUnavailable, prefect_api
 
-    serve_deployments(timezone, cron)
+    try:
+        prefect_api()  # before the flows' imports: a missing server is reported at once
+        from flows.deployments import serve as serve_deployments
+
+        serve_deployments(timezone, cron)
+    except PrefectUnavailable as e:
+        _fail(str(e), code=1)
 
 
 @app.command()
@@ -304,28 +343,34 @@ def deploy(
 
 
 @app.command()
-def tasks() -> None:
+def tasks(as_json: bool = typer.Option(False, "--json", help="Print the tasks as JSON.")) -> None:
     """List the registered tasks."""
     from stages.sim.registry import load, names
 
-    for name in names():
-        t = load(name)
-        console.print(f"{name}: obs {t.obs_dim}, actions {t.act_dim}, control period {t.ctrl_dt * 1e3:.0f} ms")
+    found = {name: load(name) for name in names()}
+    if as_json:
+        _print_json({name: {"mjcf": str(t.mjcf), "observations": [o.name for o in t.observations],
+                            "actions": [a.name for a in t.actions], "control_period_s": t.ctrl_dt,
+                            "episode_steps": t.episode_steps} for name, t in found.items()})
+        return
+    rows = [[name, str(t.obs_dim), str(t.act_dim), f"{t.ctrl_dt * 1e3:.0f} ms", t.mjcf.name] for name, t in found.items()]
+    print_listing(listing(["task", "observations", "actions", "control period", "robot"], rows))
 
 
 @app.command()
-def targets(as_json: bool = typer.Option(False, "--json")) -> None:
+def targets(as_json: bool = typer.Option(False, "--json", help="Print the profiles as JSON.")) -> None:
     """List the Jetson target profiles."""
     from edge.targets import PROFILES
 
     if as_json:
-        console.print_json(json.dumps({n: p.to_dict() for n, p in PROFILES.items()}))
+        _print_json({n: p.to_dict() for n, p in PROFILES.items()})
         return
-    table = Table("target", "module", "JetPack", "L4T", "TensorRT", "max opset", "Python")
+    rows = []
     for p in PROFILES.values():
         d = p.to_dict()
-        table.add_row(p.name, p.module, p.jetpack, f"{d['l4t_min']} – <{d['l4t_max']}", p.tensorrt, str(p.max_opset), p.python)
-    console.print(table)
+        rows.append([p.name, p.module, p.jetpack, f"{d['l4t_min']} – <{d['l4t_max']}", p.tensorrt, str(p.max_opset),
+                     p.python])
+    print_listing(listing(["target", "module", "JetPack", "L4T", "TensorRT", "max opset", "Python"], rows))
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="Ed25519 signing keys: generate a pair, print the public key.")

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -16,10 +17,19 @@ from prefect.schedules import Cron
 
 from flows.nightly import nightly_retrain
 from flows.sim_to_edge import sim_to_edge
+from flows.services import PrefectUnavailable, prefect_api
 
 NIGHTLY_CRON = "0 2 * * *"
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 """An overlapping nightly run is cancelled, never queued behind the running one: two cannot both promote."""
+
+
+def nightly_description(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> str:
+    """The nightly deployment's description, which its card in the UI shows: the steps, and when, in which timezone."""
+    fields = cron.split()
+    daily = len(fields) == 5 and fields[0].isdigit() and fields[1].isdigit() and fields[2:] == ["*", "*", "*"]
+    when = f"every day at {int(fields[1]):02d}:{int(fields[0]):02d} {timezone}" if daily else f"cron {cron} ({timezone})"
+    return f"New telemetry → recalibrate → warm start → gate → package, {when}."
 
 
 def deployments(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> list[RunnerDeployment]:
@@ -28,15 +38,44 @@ def deployments(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> list[RunnerD
                                   tags=["sim2edge"]),
         nightly_retrain.to_deployment(name="nightly-retrain", schedules=[Cron(cron, timezone=timezone)],
                                       concurrency_limit=ONE_AT_A_TIME, tags=["sim2edge", "nightly"],
-                                      description="New telemetry → recalibrate → warm start → gate → package."),
+                                      description=nightly_description(timezone, cron)),
     ]
 
 
-def serve(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> None:
-    """Serve both deployments from this process until interrupted."""
-    from prefect import serve as prefect_serve
+class OneLineDisconnects(logging.Filter):
+    """Prefect logs a server that went away (a closed websocket, a refused connection) with a traceback;
+    this keeps the log line and appends the exception's one-line summary instead."""
 
-    prefect_serve(*deployments(timezone, cron))
+    def __init__(self, disconnects: tuple[type[BaseException], ...]) -> None:
+        super().__init__()
+        self.disconnects = disconnects
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, self.disconnects):
+            record.msg, record.args = f"{record.getMessage()} ({type(exc).__name__}: {exc})", None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def serve(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> None:
+    """Serve both deployments from this process until interrupted, on the running Prefect server
+    (:func:`flows.services.prefect_api`); if it stops answering meanwhile (``sim2edge up`` stopped),
+    the shutdown, which pauses the schedules on it, ends in :class:`flows.services.PrefectUnavailable`."""
+    import httpx
+    import websockets
+    from prefect import serve as prefect_serve
+    from prefect.logging.configuration import ensure_logging_setup
+
+    api = prefect_api()
+    ensure_logging_setup()
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(OneLineDisconnects((OSError, httpx.TransportError, websockets.ConnectionClosed)))
+    try:
+        prefect_serve(*deployments(timezone, cron))
+    except httpx.TransportError as e:
+        raise PrefectUnavailable(f"the Prefect server at {api} stopped answering ({e}; was `sim2edge up` stopped?): "
+                                 "stopped serving without pausing the schedules") from None
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,12 +96,13 @@ def ensure_process_pool(name: str) -> None:
 
 def deploy(pool: str, timezone: str) -> subprocess.CompletedProcess:
     """Register both deployments of ``prefect.yaml`` on ``pool`` with ``prefect deploy``, one by one
-    (``prefect deploy --all`` ignores ``--pool`` and ``--timezone``)."""
+    (``prefect deploy --all`` ignores ``--pool`` and ``--timezone``); the nightly one's description names the timezone."""
     ensure_process_pool(pool)
     base = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(REPO / "prefect.yaml"),
             "--pool", pool]
     out = subprocess.run([*base, "--name", "sim-to-edge"], cwd=REPO, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         return out
-    return subprocess.run([*base, "--name", "nightly-retrain", "--timezone", timezone], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([*base, "--name", "nightly-retrain", "--timezone", timezone,
+                           "--description", nightly_description(timezone)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)

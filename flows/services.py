@@ -1,4 +1,5 @@
-"""``sim2edge up``: a Prefect server and an MLflow tracking server on loopback, for one workspace."""
+"""``sim2edge up``: a Prefect server and an MLflow tracking server on loopback, for one workspace; and the
+check that a Prefect server answers, which ``sim2edge serve`` needs."""
 
 from __future__ import annotations
 
@@ -87,3 +88,24 @@ def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int) -> list[Se
         raise
     ws.services_file.write_text(json.dumps({"mlflow": mlflow_url, "prefect": prefect_url}))
     return services
+
+
+class PrefectUnavailable(RuntimeError):
+    """No Prefect server answers; the message says which and what to do."""
+
+
+def prefect_api() -> str:
+    """The configured Prefect API URL (``PREFECT_API_URL``, set by :meth:`Workspace.configure_prefect` while
+    ``sim2edge up`` runs), if a server answers there. ``sim2edge serve`` needs one that outlives it: Prefect's
+    temporary server would stop with the serving process, and with the same Ctrl-C, before the schedules
+    are paused on it."""
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if not api:
+        raise PrefectUnavailable("no Prefect server to serve on: start `sim2edge up` in this workspace "
+                                 "or set PREFECT_API_URL")
+    if not healthy(api, "/health"):
+        raise PrefectUnavailable(f"the Prefect server at {api} does not answer: start `sim2edge up` "
+                                 "or check PREFECT_API_URL")
+    return api

@@ -100,9 +100,16 @@ def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path
         return policy.model_copy(update={"run_id": run.run_id})
 
 
-@task(cache_key_fn=stage_key("shard", lambda p: [p["job"].seed, p["job"].episodes, p["job"].scenario.model_dump(),
-                                             sha256_path(p["job"].onnx),
-                                             p["params"].model_dump(), task_version(p["task_ref"])]))
+def shard_run_name(parameters: dict) -> str:
+    """An evaluation shard's task run name in the UI: the policy (task and ONNX digest), scenario and seed."""
+    job = parameters["job"]
+    return f"evaluate {parameters['task_ref']} policy {sha256_path(job.onnx)[:8]}: {job.scenario.name} seed {job.seed}"
+
+
+@task(task_run_name=shard_run_name,
+      cache_key_fn=stage_key("shard", lambda p: [p["job"].seed, p["job"].episodes, p["job"].scenario.model_dump(),
+                                                 sha256_path(p["job"].onnx),
+                                                 p["params"].model_dump(), task_version(p["task_ref"])]))
 def evaluate_shard(job: ShardJob, task_ref: str, params: PhysicalParams) -> Shard:
     """One batch of evaluation episodes; the flow maps these over its task runner."""
     return run_shard(job, task_ref, params)

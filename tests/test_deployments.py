@@ -1,15 +1,38 @@
-"""Deployments: `sim2edge deploy` registers prefect.yaml's two deployments with the nightly cron and timezone."""
+"""What Prefect shows: `sim2edge deploy` registers prefect.yaml's two deployments with the nightly cron and
+timezone (named in the description the card shows), `sim2edge serve` needs a running server and stops in one
+line when it went away, and evaluation shards' task runs say which policy, scenario and seed they ran."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
 
+import numpy as np
+import pytest
+import yaml
+from prefect import flow, unmapped
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.settings import PREFECT_API_URL
 
-from flows.deployments import ONE_AT_A_TIME, deployments
+from edge.bundle import sha256_path
+from flows import services
+from flows.deployments import NIGHTLY_CRON, ONE_AT_A_TIME, REPO, deployments, nightly_description
+from flows.stage_tasks import evaluate_shard
+from flows.workspace import Workspace
+from stages.sim.params import PhysicalParams
 from stages.sim.registry import names
-from tests.conftest import run_cli
+from stages.twin.evaluate import ShardJob
+from stages.twin.suite import Scenario
+from tests.bundles import linear_onnx
+from tests.conftest import free_port, run_cli
 
 
 async def _deployments() -> dict:
@@ -25,6 +48,7 @@ def test_deploy_registers_both_with_the_nightly_schedule(prefect_harness, tmp_pa
     nightly, manual = found["nightly-retrain"], found["sim-to-edge"]
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "Europe/Berlin"
+    assert nightly.description.endswith("every day at 02:00 Europe/Berlin.")  # what the deployment's card shows
     assert nightly.concurrency_limit == 1 or nightly.global_concurrency_limit.limit == 1
     assert nightly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
     assert nightly.work_pool_name == manual.work_pool_name == "test-pool"
@@ -38,5 +62,92 @@ def test_served_deployments_match_prefect_yaml():
     assert manual.name == "sim-to-edge" and not manual.schedules
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "Asia/Tokyo"
+    assert nightly.description.endswith("every day at 02:00 Asia/Tokyo.")
     assert nightly.concurrency_limit == ONE_AT_A_TIME.limit == 1
     assert nightly.concurrency_options.collision_strategy == ONE_AT_A_TIME.collision_strategy
+    (_, custom) = deployments("America/New_York", "30 4 * * 1-5")
+    assert custom.description.endswith("cron 30 4 * * 1-5 (America/New_York).")
+    declared = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}
+    ((yaml_schedule,),) = [declared["nightly-retrain"]["schedules"]]
+    assert (yaml_schedule["cron"], yaml_schedule["timezone"]) == (NIGHTLY_CRON, "UTC")
+    assert declared["nightly-retrain"]["description"] == nightly_description("UTC") == nightly.description.replace(
+        "Asia/Tokyo", "UTC")
+
+
+@flow
+def shards(jobs: list[ShardJob]) -> list:
+    futures = evaluate_shard.map(jobs, task_ref=unmapped("cartpole"), params=unmapped(PhysicalParams()))
+    return [f.result() for f in futures]
+
+
+def test_evaluation_shard_task_runs_are_named_by_policy_scenario_and_seed(prefect_harness, tmp_path):
+    onnx = tmp_path / "policy.onnx"
+    onnx.write_bytes(linear_onnx(np.array([[1.0], [0.0], [10.0], [1.0], [1.5]], np.float32)))
+    jobs = [ShardJob(onnx=onnx, scenario=Scenario(name=name, scale={"mass": scale}), seed=seed, episodes=2)
+            for name, scale, seed in (("nominal", 1.0, 31), ("payload", 1.3, 32))]
+    state = shards(jobs, return_state=True)
+    assert state.is_completed()
+
+    async def names_of_task_runs() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+            return sorted(r.name for r in runs)
+
+    policy = sha256_path(onnx)[:8]
+    assert asyncio.run(names_of_task_runs()) == [f"evaluate cartpole policy {policy}: nominal seed 31",
+                                                 f"evaluate cartpole policy {policy}: payload seed 32"]
+
+
+def test_serve_without_a_running_prefect_server_says_so_in_one_line(tmp_path):
+    env = {"SIM2EDGE_HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
+    down = f"http://127.0.0.1:{free_port()}"
+    (tmp_path / "services.json").write_text(json.dumps({"prefect": down, "mlflow": down}))  # `up` was killed
+    none = run_cli("sim2edge", "serve", env=env, unset=("PREFECT_API_URL",))
+    assert none.returncode == 1 and "Traceback" not in none.stdout + none.stderr, none.stdout + none.stderr
+    assert none.stdout.splitlines() == ["error: no Prefect server to serve on: start `sim2edge up` in this workspace "
+                                        "or set PREFECT_API_URL"]
+    gone = run_cli("sim2edge", "serve", env={**env, "PREFECT_API_URL": f"{down}/api"})
+    assert gone.returncode == 1 and "Traceback" not in gone.stdout + gone.stderr, gone.stdout + gone.stderr
+    assert gone.stdout.splitlines() == [f"error: the Prefect server at {down}/api does not answer: start `sim2edge up` "
+                                        "or check PREFECT_API_URL"]
+
+
+def served_deployments(url: str) -> list[dict]:
+    request = urllib.request.Request(f"{url}/api/deployments/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_stopping_serve_after_its_server_stopped_prints_one_line(tmp_path):
+    """`sim2edge up` stopped while `serve` ran: Ctrl-C on `serve` cannot pause the schedules; it says so, no traceback."""
+    ws = Workspace(home=tmp_path)
+    url = f"http://127.0.0.1:{free_port()}"
+    server = services.start(ws, "prefect", services.prefect_command("127.0.0.1", int(url.rsplit(":", 1)[1])), url,
+                            "/api/health", tmp_path / "prefect-server.log")
+    out, err = tmp_path / "serve.out", tmp_path / "serve.err"
+    serve = None
+    try:
+        services.wait_healthy([server])
+        env = {**os.environ, "PREFECT_API_URL": f"{url}/api", "SIM2EDGE_HOME": str(tmp_path),
+               "PREFECT_HOME": str(tmp_path / "serve-prefect")}
+        serve = subprocess.Popen([str(Path(sys.executable).parent / "sim2edge"), "serve"], env=env,
+                                 stdout=open(out, "wb"), stderr=open(err, "wb"))
+        deadline = time.monotonic() + 180
+        while sorted(d["status"] for d in served_deployments(url)) != ["READY", "READY"]:  # the runner polls both
+            assert serve.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.5)
+    finally:
+        services.stop([server])
+    serve.send_signal(signal.SIGINT)  # Ctrl-C
+    try:
+        assert serve.wait(timeout=120) == 1
+    finally:
+        serve.kill()
+    stdout, stderr = out.read_text(), err.read_text()
+    assert "Traceback" not in stdout + stderr, stdout + stderr
+    (line,) = [line for line in stdout.splitlines() if line.startswith("error")]
+    assert line.startswith(f"error: the Prefect server at {url}/api stopped answering (") and \
+        line.endswith("was `sim2edge up` stopped?): stopped serving without pausing the schedules"), line
