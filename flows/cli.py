@@ -157,6 +157,7 @@ def evaluate(
     import tempfile
 
     from edge import bundle as bundle_format, signing
+    from edge.errors import CheckFailed
     from registry import lineage
     from registry.tracking import stage_run
     from stages.artifacts import ExportedPolicy
@@ -170,9 +171,9 @@ def evaluate(
         _fail("give NAME@ALIAS|NAME@VERSION or --bundle FILE (one of them)")
     if bundle is not None:
         try:
-            bundle_format.extract(bundle, work / "bundle", 1 << 30)
-            manifest = bundle_format.verify_dir(work / "bundle", signing.load_trusted([trust or ws.keys_dir / "signing.pub"]))
-        except Exception as e:  # the agent's own refusal names the check
+            manifest = bundle_format.extract(bundle, work / "bundle", 1 << 30,
+                                             trusted=signing.load_trusted([trust or ws.keys_dir / "signing.pub"]))
+        except (CheckFailed, OSError, ValueError) as e:  # the agent's own refusal names the check
             _fail(f"--bundle {bundle}: {e}")
         onnx, task, label = work / "bundle" / "policy.onnx", manifest["policy"]["task"], f"bundle {bundle.name}"
     else:
