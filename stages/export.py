@@ -38,7 +38,8 @@ INPUT, OUTPUT = "obs", "action"
 
 class ExportConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    opset: int = Field(17, ge=13, description="ONNX opset (17 parses on TensorRT 8.5 to 10.x).")
+    opset: int = Field(17, ge=13, description="ONNX opset (17 parses on TensorRT 8.5 to 10.x); torch writes 18 and "
+                                             "converts, the IR version is the lowest the opset allows.")
     parity_samples: int = Field(1000, ge=10, description="Random inputs in the parity check.")
     atol: float = Field(1e-5, gt=0)
     rtol: float = Field(1e-4, ge=0)

@@ -7,13 +7,26 @@ JSON file (:meth:`IOSpec.from_file`). The bundle manifest's ``io`` and ``control
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
 import mujoco
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_SYMBOL = r"(?:(?:[nuµmckM]?(?:m|s|g|N|A|V|W|J|K|Pa|Hz|rad))|deg|°|rpm|%)(?:\^-?\d)?"
+UNIT = re.compile(rf"^(?:1|{_SYMBOL}(?:[ ·*/]{_SYMBOL})*)$")
+"""A unit: ``1`` (dimensionless) or SI symbols (with a prefix, an integer power) joined by space, ``·``, ``*`` or
+``/`` (``m/s``, ``N m``, ``rad/s^2``, ``mA``); a factor such as ``N/10`` is a number, not part of the unit."""
+
+
+def _unit(value: str) -> str:
+    if not UNIT.match(value):
+        raise ValueError(f"unit {value!r} is not a unit: write factors as numbers (an action's scale or gear) "
+                         f"and the unit alone, e.g. 'N', 'N m', 'm/s', '1'")
+    return value
 
 
 class ObservationTerm(BaseModel):
@@ -24,6 +37,7 @@ class ObservationTerm(BaseModel):
     unit: str = "1"
     offset: float | None = Field(None, description="The term is the measurement minus this (e.g. a joint angle "
                                                    "from the standing pose), in `unit`.")
+    _unit = field_validator("unit")(_unit)
     low: float | None = Field(None, description="Expected range (documentation and parity inputs), not enforced.")
     high: float | None = None
 
@@ -43,6 +57,7 @@ class ActionTerm(BaseModel):
     scale: float = 1.0
     gear: float = Field(1.0, gt=0, description="Physical command in `unit` per unit of output (a MuJoCo motor's "
                                                "gear × gain; 1 when the output is already in `unit`).")
+    _unit = field_validator("unit")(_unit)
 
     @model_validator(mode="after")
     def _ordered(self) -> "ActionTerm":

@@ -120,7 +120,8 @@ def polygraphy_files(exported: ExportedPolicy, rows: int = 16) -> dict[str, byte
 def package(cfg: PackageConfig, manifest: dict, exported: ExportedPolicy, keys_dir: Path, out: Path,
             engines: Sequence[Path] = ()) -> BundleArtifact:
     """Check the graph against the target's TensorRT, then write the signed bundle ``out`` (one tar) atomically.
-    ``engines``: prebuilt plans (``stages.export.build_engines``), stored as ``engines/<key>.plan``."""
+    ``engines``: prebuilt plans of ``exported`` (``stages.export.build_engines``), stored as ``engines/<key>.plan``
+    under the bundled ``policy.onnx``'s digest, the one the device looks plans up by."""
     check_onnx_support(exported.path, load_target(cfg.target))
     key = workspace_key(keys_dir)
     policy = released_onnx(exported, manifest)

@@ -266,15 +266,26 @@ def test_bundle_onnx_carries_name_and_version_and_plans_follow_its_digest(export
 
 # -- units ------------------------------------------------------------------------------------------------------------
 
-UNIT = re.compile(r"^(1|(m|s|rad|N|kg)( (m|s|rad|N|kg))*(/(m|s|rad|N|kg)(\^\d)?)?)$")
-"""SI symbols, products with a space (``N m``), one quotient (``m/s``, ``m/s^2``); ``1`` for dimensionless."""
+SI = re.compile(r"^(1|(m|s|rad|N|kg)( (m|s|rad|N|kg))*(/(m|s|rad|N|kg)(\^\d)?)?)$")
+"""The units the tasks use: SI symbols, products with a space (``N m``), one quotient (``m/s``); ``1``."""
 
 
 @pytest.mark.parametrize("name", ["cartpole", "reacher", "quadruped", "arm6"])
 def test_units_are_units_and_scales_are_numbers(name):
     spec = IOSpec.from_task(load(name))
     for term in (*spec.observations, *spec.actions):
-        assert UNIT.match(term.unit), f"{name}: {term.name} has unit {term.unit!r}"
+        assert SI.match(term.unit), f"{name}: {term.name} has unit {term.unit!r}"
+
+
+@pytest.mark.parametrize("unit", ["N/10", "200 Nm", "0.5 rad setpoint", "rad from standing"])
+def test_a_spec_with_a_factor_in_its_unit_is_refused_in_one_line(unit, tmp_path):
+    spec = {"observations": [{"name": "x", "unit": "m"}], "control_period_s": 0.02,
+            "actions": [{"name": "slide", "unit": unit, "low": -1, "high": 1}]}
+    (tmp_path / "io.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError) as e:
+        IOSpec.from_file(tmp_path / "io.json")
+    assert str(e.value).startswith(f"{tmp_path / 'io.json'}: actions.0.unit: Value error, unit {unit!r} is not a unit")
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("name,joint,gear,unit", [("cartpole", "slider", 10.0, "N"), ("reacher", "joint0", 200.0, "N m")])
