@@ -81,11 +81,10 @@ def test_polygraphy_inspect_shows_terms_and_units(exported):
         assert term in doc, (term, doc)
 
 
-def test_export_is_deterministic_with_metadata(exported, tmp_path):
-    again = export_module(ExportConfig(parity_samples=200), _saturating_actor(), *_stats(), CARTPOLE, tmp_path / "a")
-    twice = export_module(ExportConfig(parity_samples=200), _saturating_actor(), *_stats(), CARTPOLE, tmp_path / "b")
-    assert again.path.read_bytes() == twice.path.read_bytes() and again.digest == twice.digest
-    assert again.golden.read_bytes() == twice.golden.read_bytes()
+def test_export_is_deterministic_with_metadata(saturating, tmp_path):
+    again = export_module(ExportConfig(parity_samples=200), _saturating_actor(), *_stats(), CARTPOLE, tmp_path / "b")
+    assert again.path.read_bytes() == saturating.path.read_bytes() and again.digest == saturating.digest
+    assert again.golden.read_bytes() == saturating.golden.read_bytes()
 
 
 # -- opset and IR version -----------------------------------------------------------------------------------------
@@ -211,19 +210,25 @@ def _saturating_actor() -> DeployedActor:
     return DeployedActor(inner, CARTPOLE.action_array("scale"), CARTPOLE.action_array("default")).eval()
 
 
-def test_golden_inputs_leave_most_outputs_unsaturated(tmp_path):
+@pytest.fixture(scope="module")
+def saturating(tmp_path_factory):
+    mean, std = _stats()
+    return export_module(ExportConfig(parity_samples=200), _saturating_actor(), mean, std, CARTPOLE,
+                         tmp_path_factory.mktemp("saturating") / "onnx")
+
+
+def test_golden_inputs_leave_most_outputs_unsaturated(saturating):
     module = _saturating_actor()
     mean, std = _stats()
     x = (mean + std * np.random.default_rng(0).standard_normal((64, 5))).astype(np.float32)
     with torch.no_grad():
         naive = CARTPOLE.unsaturated(module(torch.from_numpy(x)).numpy()).mean()
     assert naive < 0.5, f"the test policy should saturate around the statistics ({naive:.2f} unsaturated)"
-    out = export_module(ExportConfig(parity_samples=200), module, mean, std, CARTPOLE, tmp_path / "onnx")
-    golden = np.load(out.golden)
+    golden = np.load(saturating.golden)
     fraction = float(CARTPOLE.unsaturated(golden["outputs"]).mean())
-    assert fraction >= 0.75 and out.golden_unsaturated_fraction == fraction
+    assert fraction >= 0.75 and saturating.golden_unsaturated_fraction == fraction
     assert len(golden["inputs"]) == 64 and len(np.unique(golden["inputs"], axis=0)) == 64
-    np.testing.assert_allclose(ort.InferenceSession(str(out.path)).run(None, {INPUT: golden["inputs"]})[0],
+    np.testing.assert_allclose(ort.InferenceSession(str(saturating.path)).run(None, {INPUT: golden["inputs"]})[0],
                                golden["outputs"], atol=1e-5)
 
 
