@@ -95,7 +95,8 @@ def train_stage(ctx: RunContext, cfg: TrainConfig, twin: PhysicalParams, out: Pa
 def export_stage(ctx: RunContext, cfg: ExportConfig, ckpt: Checkpoint, out: Path) -> ExportedPolicy:
     with stage_run(ctx, "export", cfg.model_dump()) as run:
         policy = export(cfg, ckpt, out)
-        run.metrics({"parity_max_abs_error": policy.parity_max_abs_error})
+        run.metrics({"parity_max_abs_error": policy.parity_max_abs_error,
+                     "golden_unsaturated_fraction": policy.golden_unsaturated_fraction})
         run.artifact(out, "onnx")
         return policy.model_copy(update={"run_id": run.run_id})
 

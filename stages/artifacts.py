@@ -93,6 +93,8 @@ class ExportedPolicy(Artifact):
     opset: int
     parity_max_abs_error: float
     golden: Path
+    golden_unsaturated_fraction: float | None = None
+    """Fraction of the golden outputs inside the action clip (None: not recorded, e.g. a registry download)."""
 
 
 class ScenarioResult(BaseModel):

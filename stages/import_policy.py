@@ -130,7 +130,7 @@ def import_checkpoint(cfg: ExportConfig, checkpoint: Path, spec_path: Path, out_
     _check_dims(checkpoint, spec_path, spec, weights.layers[0][0].shape[1], weights.layers[-1][0].shape[0])
     module = ImportedActor(weights, spec).eval()
     mean, std = (weights.mean, weights.std) if weights.eps else _spec_stats(spec)
-    return export_module(cfg, module, mean, std, spec.task, out_dir)
+    return export_module(cfg, module, mean, std, spec, out_dir)
 
 
 def _with_action_mapping(model: onnx.ModelProto, spec: IOSpec) -> onnx.ModelProto:

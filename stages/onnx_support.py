@@ -1,10 +1,17 @@
-"""Which ONNX graphs each target's TensorRT parser accepts: opset range and operators, checked before packaging.
+"""Which ONNX graphs each target reads: its TensorRT parser's opset range and operators, and its onnxruntime's
+IR version, checked before packaging.
 
 The operator sets are onnx-tensorrt's ``docs/operators.md`` rows marked supported, per release
 branch (8.4's list plus what 8.5, 8.6 and 10.x added). An operator not in the set is refused:
 a false refusal costs a re-export here, a false acceptance a failed engine build on the device.
 Only the default ONNX domain is parsed natively; other domains (``com.microsoft``, custom ops)
 need a TensorRT plugin and are refused.
+
+The onnxruntime per JetPack is the default of dusty-nv/jetson-containers
+(``packages/ml/onnxruntime/config.py``): 1.16.3 on L4T 35 (JetPack 5), 1.17 on L4T 36 up to CUDA 12.2
+(JetPack 6.0), 1.20+ from CUDA 12.4 (JetPack 6.1/6.2); its newest readable IR version is that of the
+ONNX release it was built with (``onnx.helper.VERSION_TABLE``: ONNX 1.14/1.15 → IR 9, 1.16/1.17 → IR 10).
+A model with a newer IR fails to load there ("Unsupported model IR version").
 """
 
 from __future__ import annotations
@@ -40,6 +47,33 @@ class ParserSupport:
     min_opset: int
     max_opset: int
     ops: frozenset
+
+
+@dataclass(frozen=True)
+class OnnxRuntimeSupport:
+    """The oldest onnxruntime a JetPack release's images carry and the newest IR version it loads."""
+
+    onnxruntime: str
+    max_ir_version: int
+
+
+# keyed by JetPack major.minor
+ONNXRUNTIMES = {
+    "5.1": OnnxRuntimeSupport("1.16.3", 9),
+    "6.0": OnnxRuntimeSupport("1.17", 9),
+    "6.1": OnnxRuntimeSupport("1.20", 10),
+    "6.2": OnnxRuntimeSupport("1.20", 10),
+    "7.0": OnnxRuntimeSupport("1.22", 10),  # unverified: 1.22 is built with ONNX 1.17 (IR 10) or later
+}
+
+
+def onnxruntime_for(target: TargetProfile) -> OnnxRuntimeSupport:
+    """The onnxruntime row of ``target``'s JetPack."""
+    try:
+        return ONNXRUNTIMES[target.jetpack]
+    except KeyError:
+        raise UnsupportedOnnx(f"target {target.name}: no onnxruntime row for JetPack {target.jetpack} "
+                              f"(known: {', '.join(ONNXRUNTIMES)})") from None
 
 
 # keyed by TensorRT major.minor; opset ranges from JETSON.md ("ONNX opset per TensorRT parser")
@@ -87,6 +121,11 @@ def check_onnx_support(onnx_path: Path, target: TargetProfile) -> None:
     if not parser.min_opset <= opset <= parser.max_opset:
         raise UnsupportedOnnx(f"{where}: opset {opset} is outside TensorRT {parser.tensorrt}'s "
                               f"{parser.min_opset}–{parser.max_opset}; re-export at opset ≤ {parser.max_opset}")
+    ort = onnxruntime_for(target)
+    if model.ir_version > ort.max_ir_version:
+        raise UnsupportedOnnx(f"{onnx_path.name} for target {target.name}: IR version {model.ir_version} is newer than "
+                              f"onnxruntime {ort.onnxruntime} (JetPack {target.jetpack}) reads (≤ {ort.max_ir_version}); "
+                              f"re-export with the IR version lowered")
     for node in _nodes(model.graph):
         if node.domain not in ("", "ai.onnx"):
             raise UnsupportedOnnx(f"{where}: operator {node.domain}::{node.op_type} (node {node.name!r}) is not in "

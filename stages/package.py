@@ -1,16 +1,25 @@
 """Package: a signed, Jetson-targeted bundle, written through ``edge.bundle`` (the device's reader).
 
 Before anything is written the ONNX graph is checked against the target's TensorRT parser
-(opset and every operator, :mod:`stages.onnx_support`); the bundle is deterministic (same inputs,
-same bytes) and signed with the workspace key or ``SIM2EDGE_SIGNING_KEY``.
+(opset and every operator) and onnxruntime (IR version), :mod:`stages.onnx_support`; the bundle is
+deterministic (same inputs, same bytes) and signed with the workspace key or ``SIM2EDGE_SIGNING_KEY``.
+
+The bundle's ``policy.onnx`` is the exported graph with the manifest's contract, policy name and version
+written into its metadata (:func:`stages.export.annotate`): the version exists only once registration
+reserves it, after export. Its sha256 is therefore the manifest's ``files`` entry, while
+``provenance.onnx_sha256`` names the export stage's file; prebuilt TensorRT plans (which metadata does
+not change) are renamed to the bundled file's digest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +27,7 @@ from edge import bundle, signing
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from edge.targets import load_target
 from stages.artifacts import BundleArtifact, Checkpoint, Dataset, EvalReport, ExportedPolicy, TwinSpec
+from stages.export import annotate
 from stages.io_spec import IOSpec
 from stages.onnx_support import check_onnx_support
 from stages.sim.registry import load
@@ -59,6 +69,7 @@ def build_manifest(cfg: PackageConfig, policy_name: str, version: str, exported:
                          f"the graph has {len(graph.input)} and {len(graph.output)}")
     dim0 = graph.input[0].type.tensor_type.shape.dim[0]
     batch = dim0.dim_value if dim0.HasField("dim_value") else -1
+    golden = np.load(exported.golden)["outputs"]
     return {
         "policy": {"name": policy_name, "version": version, "task": spec.task},
         "provenance": {**provenance, "onnx_sha256": exported.digest},
@@ -68,15 +79,30 @@ def build_manifest(cfg: PackageConfig, policy_name: str, version: str, exported:
         "runtime": {"preference": ["tensorrt", "onnxruntime"], "tensorrt_precision": "fp16",
                     "onnxruntime_providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]},
         "parity_tolerance": {"fp32": {"atol": cfg.fp32_atol, "rtol": 1e-4}, "fp16": {"atol": cfg.fp16_atol, "rtol": 1e-2}},
+        "golden": {"samples": len(golden), "unsaturated_fraction": float(spec.unsaturated(golden).mean())},
         "evaluation": evaluation,
     }
+
+
+def released_onnx(exported: ExportedPolicy, manifest: dict) -> bytes:
+    """The bundle's ``policy.onnx``: the exported graph with the manifest's contract, name and version annotated."""
+    model = onnx.load(str(exported.path), load_external_data=False)
+    annotate(model, manifest["io"], manifest["control"], manifest["policy"])
+    return model.SerializeToString()
+
+
+def rekeyed(plan: Path, exported: ExportedPolicy, onnx_sha256: str) -> str:
+    """A prebuilt plan's bundle name for the released ONNX (the plan must have been built from ``exported``)."""
+    name, n = re.subn(rf"-{exported.digest[:16]}\.plan$", f"-{onnx_sha256[:16]}.plan", plan.name)
+    if not n:
+        raise ValueError(f"engine {plan.name}: not built from {exported.path.name} (sha256 {exported.digest[:16]}…)")
+    return name
 
 
 def polygraphy_files(exported: ExportedPolicy, rows: int = 16) -> dict[str, bytes]:
     """The golden inputs and reference outputs in Polygraphy's JSON formats, one row per iteration, so a device
     repeats the build host's comparison: ``polygraphy run policy.onnx --trt --load-inputs polygraphy_inputs.json
     --load-outputs polygraphy_outputs.json`` (``--fp16 --atol 1e-2`` for FP16)."""
-    import numpy as np
     from polygraphy.comparator import RunResults
     from polygraphy.comparator.struct import IterationResult
     from polygraphy.json import to_json
@@ -94,11 +120,14 @@ def polygraphy_files(exported: ExportedPolicy, rows: int = 16) -> dict[str, byte
 def package(cfg: PackageConfig, manifest: dict, exported: ExportedPolicy, keys_dir: Path, out: Path,
             engines: Sequence[Path] = ()) -> BundleArtifact:
     """Check the graph against the target's TensorRT, then write the signed bundle ``out`` (one tar) atomically.
-    ``engines``: prebuilt plans (``stages.export.build_engines``), stored as ``engines/<key>.plan``."""
+    ``engines``: prebuilt plans of ``exported`` (``stages.export.build_engines``), stored as ``engines/<key>.plan``
+    under the bundled ``policy.onnx``'s digest, the one the device looks plans up by."""
     check_onnx_support(exported.path, load_target(cfg.target))
     key = workspace_key(keys_dir)
-    files = {"policy.onnx": exported.path.read_bytes(), "golden.npz": exported.golden.read_bytes(),
-             **polygraphy_files(exported), **{f"engines/{p.name}": p.read_bytes() for p in engines}}
+    policy = released_onnx(exported, manifest)
+    onnx_sha256 = hashlib.sha256(policy).hexdigest()
+    files = {"policy.onnx": policy, "golden.npz": exported.golden.read_bytes(), **polygraphy_files(exported),
+             **{f"engines/{rekeyed(p, exported, onnx_sha256)}": p.read_bytes() for p in engines}}
     digest = bundle.write_bundle(out, files, manifest, key.sign)
     return BundleArtifact(path=out, digest=digest, target=cfg.target, policy=manifest["policy"]["name"],
                           version=manifest["policy"]["version"])

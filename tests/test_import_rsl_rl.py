@@ -29,7 +29,7 @@ observations:
   - {name: cart_vel, unit: m/s, low: -5, high: 5}
   - {name: pole_angvel, unit: rad/s, low: -10, high: 10}
 actions:
-  - {name: slide, unit: N/10, low: -1.0, high: 1.0, default: 0.1, scale: 0.5}
+  - {name: slide, unit: N, low: -1.0, high: 1.0, default: 0.1, scale: 0.5, gear: 10}
 control_period_s: 0.02
 raw_action_clip: 1.5
 activation: elu

@@ -98,6 +98,8 @@ def test_export_puts_normalization_and_action_scaling_in_the_graph(checkpoint, t
     assert batch.shape == (7, 1)
     golden = np.load(exported.golden)
     np.testing.assert_allclose(OnnxRuntime(exported.path).run(golden["inputs"]), golden["outputs"], atol=1e-5)
+    unsaturated = np.abs(golden["outputs"]) < 1 - 1e-6  # cart-pole: inside the ±1 clip
+    assert exported.golden_unsaturated_fraction == unsaturated.mean() >= 0.75
 
 
 def test_parity_failure_names_the_worst_input(checkpoint, tmp_path):

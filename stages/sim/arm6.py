@@ -36,8 +36,8 @@ class Arm6(Task):
         Term("target_x", "m"), Term("target_y", "m"), Term("target_z", "m"),
         Term("tip_to_target_x", "m"), Term("tip_to_target_y", "m"), Term("tip_to_target_z", "m"),
     )
-    # position servo setpoints: ctrl = centre + half-width · action over each servo's ctrlrange (rad)
-    actions: tuple[Term, ...] = tuple(Term(j, "rad setpoint", joint=j) for j in JOINTS)
+    # position servo setpoints (rad): ctrl = centre + half-width · action over each servo's ctrlrange
+    actions: tuple[Term, ...] = tuple(Term(j, "rad", joint=j) for j in JOINTS)
     decimation: int = 4  # 5 ms physics, 20 ms control period (50 Hz)
     episode_steps: int = 100  # 2 s
     # damping, servo gain and link masses ~ U(1 ± r) around the twin's values

@@ -24,7 +24,7 @@ class CartPole(Task):
         Term("cart_vel", "m/s"),
         Term("pole_angvel", "rad/s"),
     )
-    actions: tuple[Term, ...] = (Term("slide", "N/10"),)
+    actions: tuple[Term, ...] = (Term("slide", "N"),)  # motor gear 10: ctrl 1 is 10 N (IOSpec's ``gear``)
     decimation: int = 2
     episode_steps: int = 250
     # damping, gain and mass scale ~ U(1 ± r) around the twin's values

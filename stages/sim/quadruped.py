@@ -38,12 +38,12 @@ class Quadruped(Task):
         Term("base_wx", "rad/s"), Term("base_wy", "rad/s"), Term("base_wz", "rad/s"),
         *(Term(f"gravity_{a}", "1", low=-1, high=1) for a in "xyz"),  # unit gravity in the body frame
         Term("command_vx", "m/s"), Term("command_vy", "m/s"), Term("command_yaw_rate", "rad/s"),
-        *(Term(f"{j}_pos", "rad from standing") for j in JOINTS),
+        *(Term(f"{j}_pos", "rad") for j in JOINTS),  # from the standing pose (observation_offsets)
         *(Term(f"{j}_vel", "rad/s") for j in JOINTS),
         *(Term(f"last_action_{j}", "1", low=-1, high=1) for j in JOINTS),  # the clipped action
     )
-    # servo setpoints: ctrl = standing pose + 0.5 rad · action
-    actions: tuple[Term, ...] = tuple(Term(j, "0.5 rad setpoint", joint=j) for j in JOINTS)
+    # servo setpoints (rad): ctrl = standing pose + 0.5 rad · action
+    actions: tuple[Term, ...] = tuple(Term(j, "rad", joint=j) for j in JOINTS)
     decimation: int = 4  # 5 ms physics, 20 ms control period (50 Hz)
     episode_steps: int = 250  # 5 s
     action_history: bool = True
@@ -90,6 +90,12 @@ class Quadruped(Task):
         q[2] = STAND_HEIGHT
         q[self.joint_qpos] = self.action_default
         return q
+
+    def observation_offsets(self) -> np.ndarray:
+        """Joint positions are observed from the standing pose (the servo ranges' centres)."""
+        offsets = np.zeros(self.obs_dim, np.float32)
+        offsets[12:12 + len(JOINTS)] = self.action_default  # after base, gravity and command
+        return offsets
 
     def base(self, qpos: np.ndarray, qvel: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Body-frame linear velocity, angular velocity and unit gravity, each (N, 3)."""

@@ -48,7 +48,7 @@ class Reacher(Task):
         Term("target_x", "m"), Term("target_y", "m"), Term("shoulder_vel", "rad/s"), Term("elbow_vel", "rad/s"),
         Term("tip_to_target_x", "m"), Term("tip_to_target_y", "m"),
     )
-    actions: tuple[Term, ...] = (Term("shoulder", "200 Nm"), Term("elbow", "200 Nm"))
+    actions: tuple[Term, ...] = (Term("shoulder", "N m"), Term("elbow", "N m"))  # motor gear 200: ctrl 1 is 200 N m
     decimation: int = 2  # Reacher-v5 frame_skip
     episode_steps: int = 50  # Reacher-v5 max_episode_steps
     randomization: Randomization = field(default_factory=lambda: Randomization(damping=0.2, actuator_gain=0.1, mass=0.2))

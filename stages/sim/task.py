@@ -111,6 +111,10 @@ class Task:
         low, high = self.model.actuator_ctrlrange.T
         return ((high + low) / 2).astype(np.float32)
 
+    def observation_offsets(self) -> np.ndarray:
+        """(obs_dim,) what ``observe`` subtracts from each measured quantity (e.g. a standing pose); zeros here."""
+        return np.zeros(self.obs_dim, np.float32)
+
     def nominal_params(self) -> PhysicalParams:
         return PhysicalParams()
 
