@@ -22,7 +22,7 @@ class Pendulum(Task):
     name: str = "pendulum"
     mjcf: Path = Path(__file__).with_name("pendulum.xml")
     observations: tuple[Term, ...] = (Term("cos", "1"), Term("sin", "1"), Term("angvel", "rad/s"))
-    actions: tuple[Term, ...] = (Term("torque", "Nm/2"),)
+    actions: tuple[Term, ...] = (Term("torque", "N m"),)
     decimation: int = 2
     episode_steps: int = 200
     randomization: Randomization = field(default_factory=lambda: Randomization(damping=0.3, actuator_gain=0.1, mass=0.1))

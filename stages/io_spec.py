@@ -23,7 +23,7 @@ UNIT = re.compile(rf"^(?:1|{_SYMBOL}(?:[ ·*/]{_SYMBOL})*)$")
 
 
 def _unit(value: str) -> str:
-    if not UNIT.match(value):
+    if not UNIT.fullmatch(value):
         raise ValueError(f"unit {value!r} is not a unit: write factors as numbers (an action's scale or gear) "
                          f"and the unit alone, e.g. 'N', 'N m', 'm/s', '1'")
     return value
