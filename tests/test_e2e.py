@@ -90,10 +90,10 @@ def test_refusals_leave_the_store_untouched(pipeline, mlflow_server, workspace, 
     trust = workspace.keys_dir / "signing.pub"
     assert agent_pull("cartpole@champion", mlflow_server, root, trust, "--skip-target-check").returncode == 0
     before = snapshot(root)
-    for args, message in [(("cartpole@nope", mlflow_server, root, trust), "nope not found"),
-                          (("cartpole@champion", "http://127.0.0.1:9", root, trust), "unreachable")]:
+    for args, message, code in [(("cartpole@nope", mlflow_server, root, trust), "nope not found", 2),  # an error
+                                (("cartpole@champion", "http://127.0.0.1:9", root, trust), "unreachable", 3)]:
         r = agent_pull(*args)
-        assert r.returncode == 2 and message in r.stderr, r.stderr
+        assert r.returncode == code and message in r.stderr, r.stderr
         assert r.stderr.count("\n") == 1, "one-line error"
         assert snapshot(root) == before
 
@@ -102,7 +102,7 @@ def test_wrong_key_installs_nothing(pipeline, mlflow_server, tmp_path):
     _, wrong = make_keys(tmp_path, "wrong")
     root = tmp_path / "fresh"
     r = agent_pull("cartpole@champion", mlflow_server, root, wrong, "--skip-target-check")
-    assert r.returncode == 2 and "signature: manifest signature does not match" in r.stderr
+    assert r.returncode == 1 and "signature: manifest signature does not match" in r.stderr
     assert not (root / "current").exists() and not (root / "bundles").exists()
     assert json.loads((root / "journal.jsonl").read_text().splitlines()[-1])["check"] == "signature"
 
@@ -110,7 +110,7 @@ def test_wrong_key_installs_nothing(pipeline, mlflow_server, tmp_path):
 def test_target_mismatch_is_refused(pipeline, mlflow_server, workspace, tmp_path):
     r = run_cli("sim2edge-agent", "pull", "cartpole@champion", "--registry", mlflow_server, "--root",
                 str(tmp_path / "d"), "--trust", str(workspace.keys_dir / "signing.pub"), env={"L4T_VERSION": "35.4.1"})
-    assert r.returncode == 2 and "target: bundle is for orin-jp6.1" in r.stderr
+    assert r.returncode == 1 and "target: bundle is for orin-jp6.1" in r.stderr
     assert not (tmp_path / "d" / "current").exists()
 
 
@@ -152,7 +152,7 @@ def test_newer_version_then_refused_downgrade_then_rollback(pipeline, client, ml
     store = DeviceStore(root)
     assert store.link("current").name == newer and store.link("previous").name == pipeline.version
     old = agent_pull(f"cartpole@{pipeline.version}", mlflow_server, root, trust, "--skip-target-check")
-    assert old.returncode == 2 and "freshness:" in old.stderr
+    assert old.returncode == 1 and "freshness:" in old.stderr
     assert store.link("current").name == newer
     back = run_cli("sim2edge-agent", "rollback", "--root", str(root), "--trust", str(trust))
     assert back.returncode == 0, back.stderr
