@@ -27,7 +27,7 @@ from tensordict import TensorDict
 from edge.bundle import sha256_path
 from stages.artifacts import Checkpoint, atomic_dir
 from stages.sim.disturbance import Disturbance
-from stages.sim.env import BatchedEnv
+from stages.sim.env import BatchedEnv, NonFiniteTerm
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.sim.task import Task
@@ -275,6 +275,8 @@ def train(
                 update_start = time.perf_counter()
                 losses = alg.update()
                 update = time.perf_counter() - update_start
+        except NonFiniteTerm as e:  # the task's own term: named, and stopped before it reaches the weights
+            losses = {str(e): math.nan}
         except (ValueError, RuntimeError):  # torch refuses to sample from a NaN mean or std mid-update
             if all_finite(alg):
                 raise

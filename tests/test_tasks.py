@@ -128,9 +128,8 @@ def test_a_well_formed_subclass_registers(monkeypatch):
 def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(monkeypatch, tmp_path):
     """Registration sees finite initial states; the first NaN in a rollout stops training at iteration 0,
     naming the term, the env and the step, before NaN actions can make the physics unstable."""
-    from stages.sim.env import NonFiniteTerm
     from stages.sim.params import PhysicalParams
-    from stages.train import TrainConfig, train
+    from stages.train import NonFiniteTraining, TrainConfig, train
 
     @dataclass(frozen=True)
     class NanWhenFast(CartPole):
@@ -143,8 +142,8 @@ def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(mon
     register(monkeypatch, NanWhenFast)
     registry.load("broken")  # passes registration
     cfg = TrainConfig(task="broken", iterations=2, num_envs=8, steps_per_env=64, seed=0)
-    with pytest.raises(NonFiniteTerm, match=r"task 'cartpole': observation term 'cart_vel' is nan in env \d+ at "
-                                            r"episode step [1-9]\d*, on a finite physics state"):
+    with pytest.raises(NonFiniteTraining, match=r"iteration 0: .*task 'cartpole': observation term 'cart_vel' is nan "
+                                                r"in env \d+ at episode step [1-9]\d*, on a finite physics state"):
         train(cfg, PhysicalParams(), tmp_path)
 
     @dataclass(frozen=True)
@@ -153,5 +152,6 @@ def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(mon
             return np.where(np.abs(qvel[:, 0]) > 0.15, np.inf, super().reward(qpos, qvel, action))
 
     register(monkeypatch, NanReward)
-    with pytest.raises(NonFiniteTerm, match=r"task 'cartpole': reward\(\) is inf in env \d+ at episode step [1-9]"):
+    with pytest.raises(NonFiniteTraining, match=r"iteration 0: .*task 'cartpole': reward\(\) is inf in env \d+ at "
+                                                r"episode step [1-9]"):
         train(cfg, PhysicalParams(), tmp_path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -95,8 +96,14 @@ def test_quick_run_from_the_ui_registers_a_model_version(served, mlflow_server, 
             assert state == "COMPLETED", state
             page.goto(f"{served}/runs/flow-run/{run_id}")
             page.get_by_text("Completed").first.wait_for(timeout=30_000)
-        finally:
             page.screenshot(path=str(tmp_path / "flow-run.png"))
+            # the run's summary artifact: gate verdicts as words, readable without an emoji font
+            page.goto(f"{served}/artifacts/key/sim-to-edge-summary")
+            page.get_by_text("Gate", exact=False).first.wait_for(timeout=30_000)
+            text = page.inner_text("body")
+            assert re.search(r"\bpass\b|\bFAIL\b", text) and "\u2705" not in text and "\u274c" not in text, text
+        finally:
+            page.screenshot(path=str(tmp_path / "last.png"))
             browser.close()
     new = {v.version for v in client.search_model_versions("name='cartpole'")} - before
     (version,) = new
@@ -112,3 +119,19 @@ def test_served_nightly_schedule_has_the_cron_and_timezone(served):
     assert found["nightly-retrain"]["global_concurrency_limit"]["limit"] == 1
     assert found["nightly-retrain"]["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
     assert found["sim-to-edge"]["schedules"] == []
+
+
+def test_nightly_card_shows_its_time_and_timezone_in_the_browser(served, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    found = {d["name"]: d for d in api(f"{served}/api", "/deployments/filter")}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        page = browser.new_page()
+        try:
+            page.goto(f"{served}/deployments/deployment/{found['nightly-retrain']['id']}", wait_until="networkidle")
+            page.get_by_text("Europe/Berlin", exact=False).first.wait_for(timeout=30_000)
+            assert "02:00 Europe/Berlin" in page.inner_text("body")
+        finally:
+            page.screenshot(path=str(tmp_path / "nightly.png"))
+            browser.close()

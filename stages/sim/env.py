@@ -214,16 +214,19 @@ class BatchedEnv:
 
     def _check_finite(self, name: str, values: np.ndarray, envs: np.ndarray) -> None:
         """Stop at the first NaN/Inf in ``values`` (a reward (N,) or observations (rows, obs_dim) of ``envs``)
-        computed from a finite physics state, naming the term, the env and its episode step. An unstable
-        simulation (a non-finite state) is not the task's fault: it terminates its episode instead."""
-        finite = np.all(np.isfinite(self.state[envs]), axis=1)
+        computed from a finite physics state and finite actions, naming the term, the env and its episode
+        step. An unstable simulation (a non-finite state) is not the task's fault: it terminates its episode
+        instead; nor is a non-finite action (a diverged policy: training reports that itself)."""
+        finite = np.all(np.isfinite(self.state[envs]), axis=1) & np.all(np.isfinite(self._action_queue[:, envs]),
+                                                                         axis=(0, 2))
         bad = ~np.isfinite(values) & (finite[:, None] if values.ndim == 2 else finite)
         if bad.any():
             row, *col = (int(v) for v in np.argwhere(bad)[0])
             term = f"observation term {self.task.observations[col[0]].name!r}" if col else name
             i = int(envs[row])
-            raise NonFiniteTerm(f"task {self.task.name!r}: {term} is {values[row, col[0]] if col else values[row]} "
-                                f"in env {i} at episode step {self.episode_step[i]}, on a finite physics state")
+            value = values[row, col[0]] if col else values[row]
+            raise NonFiniteTerm(f"task {self.task.name!r}: {term} is {value} in env {i} at episode step "
+                                f"{self.episode_step[i]}, on a finite physics state and actions")
 
     def _push_forces(self) -> np.ndarray:
         """(N, nv) this step's push: on for ``push_steps`` of every ``push_every`` steps, a random sign or direction
