@@ -137,18 +137,20 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
     return summary
 
 
+def metric_key(text: str) -> str:
+    """A scenario or stage name as part of a metric name: ``package + register`` → ``package_register``."""
+    return re.sub(r"[^\w.-]+", "_", text).strip("_")
+
+
 def headline_metrics(s: PipelineSummary) -> dict[str, float]:
     """What the runs table compares pipelines by: the gate, success and return (overall and per scenario),
     the champion's figures on the same seeds, the sim-to-real gap and the stage times."""
-    def key(text: str) -> str:
-        return re.sub(r"[^\w.-]+", "_", text).strip("_")
-
     values = {"gate_passed": float(all(r.startswith("pass") for r in s.gate_reasons)),
               "promoted": float(s.alias == "champion"), "success_rate": s.success_rate, "mean_return": s.mean_return,
-              **{f"success_rate.{key(r.name)}": r.success_rate for r in s.scenarios},
-              **{f"mean_return.{key(r.name)}": r.mean_return for r in s.scenarios},
-              **{f"sim_to_real_rmse.{key(k)}": v for k, v in (s.sim_to_real_gap or {}).items()},
-              **{f"seconds.{key(k)}": v for k, v in s.stage_seconds.items()},
+              **{f"success_rate.{metric_key(r.name)}": r.success_rate for r in s.scenarios},
+              **{f"mean_return.{metric_key(r.name)}": r.mean_return for r in s.scenarios},
+              **{f"sim_to_real_rmse.{metric_key(k)}": v for k, v in (s.sim_to_real_gap or {}).items()},
+              **{f"seconds.{metric_key(k)}": v for k, v in s.stage_seconds.items()},
               "seconds.total": sum(s.stage_seconds.values())}
     if s.compared_with:
         values.update(champion_success_rate=s.champion_success_rate, champion_mean_return=s.champion_mean_return)

@@ -49,7 +49,7 @@ def input_example(io: dict, golden: Path, rows: int = 4) -> pd.DataFrame:
 
 
 def create(client: MlflowClient, experiment_id: str, run_id: str, name: str, tags: dict[str, str]) -> LoggedModel:
-    """A PENDING logged model produced by ``run_id``, linked as the run's output (its id names the version's source)."""
+    """A PENDING logged model produced by ``run_id``, linked as the run's output; its id is known before its files."""
     model = client.create_logged_model(experiment_id, name=name, source_run_id=run_id, model_type=MODEL_TYPE, tags=tags)
     client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
     return model

@@ -8,6 +8,12 @@ empty tmpfs, as on a host that does not share the server's disk.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import mlflow
@@ -15,15 +21,17 @@ import mlflow.onnx
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from mlflow.entities import LoggedModelStatus
 from mlflow.tracking import MlflowClient
 
 from edge import bundle, signing
 from edge.runtime import OnnxRuntime
-from flows.chain import summary_markdown
+from flows.chain import metric_key, summary_markdown
 from flows.params import PipelineSummary
 from registry import models, policy_model
 from registry.tracking import EXPERIMENT_KIND, ensure_experiment
+from stages.sim.registry import load
 from tests.bundles import TINY_IO, linear_onnx, make_bundle, make_keys
 
 TERMS = [t["name"] for t in TINY_IO["input"]["terms"]]
@@ -95,6 +103,12 @@ def test_the_champion_loads_with_stock_mlflow_and_acts_as_the_device_runtime(sto
     mv = client.get_model_version_by_alias("conformance-tiny", "champion")
     assert mv.source == (f"models:/{info.model_id}" if store == "server" else logged[0].artifact_location)
     assert mv.tags["sim2edge.bundle.path"].startswith(f"{experiment}/" if store == "server" else "conformance/")
+    if store == "server":  # what the UI's version page reads for its Schema table
+        query = urllib.parse.urlencode({"path": "MLmodel", "name": mv.name, "version": mv.version})
+        with urllib.request.urlopen(f"{mlflow_server}/model-versions/get-artifact?{query}", timeout=30) as r:
+            mlmodel = yaml.safe_load(r.read())
+        assert [c["name"] for c in json.loads(mlmodel["signature"]["inputs"])] == TERMS
+        assert json.loads(mlmodel["signature"]["outputs"])[0]["tensor-spec"]["shape"] == [-1, 1]
 
     files = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(tmp_path / "download")))
     assert {"MLmodel", "model.onnx", "input_example.json", "extra_files"} <= {p.name for p in files.iterdir()}
@@ -137,3 +151,102 @@ def test_the_prefect_summary_writes_the_gate_as_words():
     text = summary_markdown(summary)
     assert "| nominal: fine | pass |" in text and "| pushes: success rate too low | FAIL |" in text
     assert "✅" not in text and "❌" not in text
+
+
+WORKER = """
+import sys
+from flows.params import SimToEdgeParams
+from flows.sim_to_edge import sim_to_edge
+from stages.twin.gate import GateConfig
+
+summary = sim_to_edge(SimToEdgeParams(iterations=2, num_envs=16, eval_episodes=4, model_prefix=sys.argv[1],
+                                      gate=GateConfig(min_success_rate=0.5)))
+print("SUMMARY " + summary.model_dump_json())
+"""
+
+STOCK_CLIENT = """
+import json, sys
+from pathlib import Path
+import mlflow, numpy as np, pandas as pd
+from mlflow.tracking import MlflowClient
+
+ref, run_id, dst = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+uri = f"models:/{ref}"
+files = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(dst / "model")))
+tar = MlflowClient().download_artifacts(run_id, "bundle/bundle.tar", str(dst / "run"))
+columns = mlflow.models.get_model_info(uri).signature.inputs.input_names()
+obs = np.random.default_rng(0).normal(size=(8, len(columns))).astype(np.float32)
+actions = mlflow.pyfunc.load_model(uri).predict(pd.DataFrame(obs, columns=columns))["action"].to_numpy()
+print("RESULT " + json.dumps({"files": sorted(p.name for p in files.iterdir()), "bundle_bytes": Path(tar).stat().st_size,
+                               "columns": columns, "obs": obs.tolist(), "actions": actions.reshape(len(obs), -1).tolist()}))
+"""
+
+
+def hidden(folder: Path, *cmd: str, env: dict) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a new mount namespace where ``folder`` is an empty tmpfs (a host without the server's disk)."""
+    script = 'mount -t tmpfs tmpfs "$0" && test -z "$(ls -A "$0")" && exec "$@"'
+    return subprocess.run(["unshare", "-m", "sh", "-c", script, str(folder), *cmd], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def tagged_line(out: str, tag: str) -> dict:
+    return json.loads(next(line for line in out.splitlines() if line.startswith(tag + " "))[len(tag) + 1:])
+
+
+@pytest.mark.slow
+def test_a_pipeline_and_clients_on_hosts_without_the_servers_disk(mlflow_server, prefect_harness, workspace, client,
+                                                                   tmp_path):
+    if not shutil.which("unshare") or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("needs `unshare -m` (root or CAP_SYS_ADMIN) to hide the server's artifact folder")
+    from prefect.settings import PREFECT_API_URL
+
+    disk = workspace.mlflow_artifacts  # the server's --artifacts-destination
+    worker = tmp_path / "worker"
+    env = dict(os.environ, SIM2EDGE_HOME=str(worker), PREFECT_LOCAL_STORAGE_PATH=str(worker / "prefect" / "storage"),
+               MLFLOW_TRACKING_URI=mlflow_server, PREFECT_API_URL=PREFECT_API_URL.value())
+    done = hidden(disk, sys.executable, "-c", WORKER, "xhost-", env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = PipelineSummary.model_validate(tagged_line(done.stdout, "SUMMARY"))
+    name = "xhost-cartpole"
+    ref = f"{name}@{summary.alias}"  # two iterations: the gate decides which alias, any serves here
+    assert summary.policy == name
+
+    # everything was logged through the artifact proxy, onto the server's disk
+    experiment = client.get_experiment_by_name(f"sim2edge/{name}")
+    assert experiment.artifact_location.startswith("mlflow-artifacts:/")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 8 and all(r.info.artifact_uri.startswith("mlflow-artifacts:/") for r in runs)
+    mv = client.get_model_version(name, summary.version)
+    assert mv.source.startswith("models:/m-") and (disk / mv.tags["sim2edge.bundle.path"]).is_file()
+    logged = list(client.search_logged_models([experiment.experiment_id]))
+    assert [m.model_id for m in logged] == [mv.source.removeprefix("models:/")]
+    assert logged[0].artifact_location.startswith("mlflow-artifacts:/") and logged[0].source_run_id == mv.run_id
+
+    # the parent run compares pipelines: their parameters and headline results
+    parent = client.get_run(summary.mlflow_run_id).data
+    assert parent.params["model_prefix"] == "xhost-" and parent.params["iterations"] == "2"
+    assert parent.params["gate.min_success_rate"] == "0.5" and parent.params["task"] == "cartpole"
+    passed = mv.tags["sim2edge.gate"] == "pass"
+    assert parent.metrics["gate_passed"] == float(passed) and parent.metrics["promoted"] == float(passed)
+    assert parent.metrics["success_rate"] == pytest.approx(summary.success_rate)
+    for scenario in summary.scenarios:
+        key = metric_key(scenario.name)
+        assert parent.metrics[f"mean_return.{key}"] == pytest.approx(scenario.mean_return)
+        assert parent.metrics[f"success_rate.{key}"] == pytest.approx(scenario.success_rate)
+    assert parent.metrics["seconds.train"] == pytest.approx(summary.stage_seconds["train"])
+    assert parent.tags["sim2edge.model_version"] == summary.version and parent.tags["sim2edge.alias"] == summary.alias
+
+    # a device pulls it, and a stock client reads it, on hosts that cannot see that disk either
+    root = tmp_path / "device"
+    agent = Path(sys.executable).parent / "sim2edge-agent"
+    pulled = hidden(disk, str(agent), "pull", ref, "--registry", mlflow_server, "--root", str(root),
+                    "--trust", str(worker / "keys" / "signing.pub"), "--skip-target-check", env=env)
+    assert pulled.returncode == 0 and f"activated {name} v{summary.version}" in pulled.stdout, pulled.stderr
+    read = hidden(disk, sys.executable, "-c", STOCK_CLIENT, ref, mv.run_id, str(tmp_path / "laptop"), env=env)
+    assert read.returncode == 0, read.stderr[-3000:]
+    result = tagged_line(read.stdout, "RESULT")
+    assert {"MLmodel", "model.onnx", "extra_files"} <= set(result["files"]) and result["bundle_bytes"] > 0
+    assert result["columns"] == [o.name for o in load("cartpole").observations]
+    device = OnnxRuntime(root / "current" / "policy.onnx").run(np.array(result["obs"], np.float32))
+    np.testing.assert_allclose(np.array(result["actions"]), device, atol=1e-6)
