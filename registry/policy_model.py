@@ -67,7 +67,7 @@ def upload(client: MlflowClient, model: LoggedModel, onnx_path: Path, golden: Pa
     input example and the bundle itself; upload it; mark the logged model READY."""
     io = manifest["io"]
     metadata = {"sim2edge.observations": io["input"]["terms"],
-                "sim2edge.actions": [{**t, **{k: io["output"][k][i] for k in ("low", "high", "default", "scale")
+                "sim2edge.actions": [{**t, **{k: io["output"][k][i] for k in ("low", "high", "default", "scale", "gear")
                                               if k in io["output"]}} for i, t in enumerate(io["output"]["terms"])],
                 "sim2edge.control_period_s": manifest["control"]["period_s"],
                 "sim2edge.bundle": f"extra_files/{bundle.name}"}

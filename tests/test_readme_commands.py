@@ -2,7 +2,7 @@
 is a name the pipeline registers, and the quick read-only ones run.
 
 Commands come from the fenced shell blocks (continuations joined, comments dropped) and from inline code spans.
-Placeholders stay as written (``URL``, ``FILE``); ``[--opt X]`` is checked as ``--opt X`` and ``a|b`` as ``a``.
+Placeholders stay as written (``URL``, ``FILE``); ``[--opt X]`` is checked as ``--opt X``, ``a|b`` as ``a``, ``cmd | grep x`` as ``cmd``.
 A fenced command must parse whole; an inline one may leave out required options (prose names a command,
 ``HEALTHCHECK = `sim2edge-agent verify` + …``), but its subcommand and the options it shows must exist.
 """
@@ -24,6 +24,7 @@ from stages.sim.registry import names
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 PROGRAMS = ("sim2edge", "sim2edge-agent")
+SHELL_OPERATORS = {"|", "||", "&&", ";", ">", ">>", "2>&1"}
 ABSENT = {"sim2edge export --engine"}
 """Commands the README says do not exist yet; they must not parse (else the README is out of date)."""
 RUN_HERE = {("tasks",), ("targets",)}
@@ -65,6 +66,8 @@ def commands() -> list[tuple[int, str, list[str], bool]]:
     for fenced, listed in ((True, shell_lines(text)), (False, inline_commands(text))):
         for line, command in listed:
             argv = shlex.split(re.sub(r"\[([^\]]*)\]", r"\1", command))
+            cut = [i for i, a in enumerate(argv) if a in SHELL_OPERATORS]
+            argv = argv[:cut[0]] if cut else argv  # the first command of a pipeline or list
             argv[0] = argv[0].removeprefix(".venv/bin/")
             if argv[0] in PROGRAMS:
                 found.append((line, command, [argv[0]] + [a.split("|")[0] for a in argv[1:]], fenced))
