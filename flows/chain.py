@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -15,7 +16,7 @@ from registry import lineage
 from mlflow.entities.model_registry import ModelVersion
 from prefect import unmapped
 
-from registry.tracking import RunContext, fail_orphans, start_pipeline
+from registry.tracking import RunContext, fail_orphans, log_metrics, start_pipeline
 from stages.artifacts import Checkpoint, Dataset, remove_partial
 from stages.export import ExportConfig
 from stages.sim.registry import load
@@ -25,9 +26,11 @@ from stages.sim.params import PhysicalParams
 from stages.twin.evaluate import Champion, EvalConfig, Shard, shard_jobs
 
 
-def begin_pipeline(ws: Workspace, experiment: str, run_name: str, tags: dict[str, str]) -> RunContext:
-    """Start a pipeline run; first mark FAILED the runs a killed process left RUNNING, and delete their partial outputs."""
-    ctx = start_pipeline(ws.tracking_uri(), experiment, ws.artifact_root(), run_name, tags)
+def begin_pipeline(ws: Workspace, params: PipelineParams, run_name: str, tags: dict[str, str]) -> RunContext:
+    """Start a pipeline run in experiment ``sim2edge/<model name>``, with ``params`` as its parameters; first mark
+    FAILED the runs a killed process left RUNNING, and delete their partial outputs."""
+    ctx = start_pipeline(ws.tracking_uri(), f"sim2edge/{params.policy_name}", ws.artifact_root(), run_name, tags,
+                         params.model_dump())
     for run_id in fail_orphans(ctx.client, ctx.experiment_id):  # this run's owner is alive: never among them
         for partial in remove_partial(ws.runs / run_id):
             print(f"removed the partial output {partial} of killed run {run_id}")
@@ -120,7 +123,7 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
     with timed(timings, "package + register"):
         bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle",
                                                       seen.version if seen else None)
-    return PipelineSummary(
+    summary = PipelineSummary(
         policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
         mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,
         mlflow_run_id=ctx.parent_run_id, tracking_uri=ctx.tracking_uri,
@@ -130,6 +133,35 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
         champion_success_rate=report.champion_success_rate, mlflow_experiment_id=ctx.experiment_id,
         scenarios=report.scenarios, sim_to_real_gap=report.sim_to_real_gap,
     )
+    log_results(ctx, summary)
+    return summary
+
+
+def metric_key(text: str) -> str:
+    """A scenario or stage name as part of a metric name: ``package + register`` → ``package_register``."""
+    return re.sub(r"[^\w.-]+", "_", text).strip("_")
+
+
+def headline_metrics(s: PipelineSummary) -> dict[str, float]:
+    """What the runs table compares pipelines by: the gate, success and return (overall and per scenario),
+    the champion's figures on the same seeds, the sim-to-real gap and the stage times."""
+    values = {"gate_passed": float(all(r.startswith("pass") for r in s.gate_reasons)),
+              "promoted": float(s.alias == "champion"), "success_rate": s.success_rate, "mean_return": s.mean_return,
+              **{f"success_rate.{metric_key(r.name)}": r.success_rate for r in s.scenarios},
+              **{f"mean_return.{metric_key(r.name)}": r.mean_return for r in s.scenarios},
+              **{f"sim_to_real_rmse.{metric_key(k)}": v for k, v in (s.sim_to_real_gap or {}).items()},
+              **{f"seconds.{metric_key(k)}": v for k, v in s.stage_seconds.items()},
+              "seconds.total": sum(s.stage_seconds.values())}
+    if s.compared_with:
+        values.update(champion_success_rate=s.champion_success_rate, champion_mean_return=s.champion_mean_return)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def log_results(ctx: RunContext, s: PipelineSummary) -> None:
+    """The headline results on the pipeline's parent run: metrics, and the version and alias it made as tags."""
+    log_metrics(ctx.client, ctx.parent_run_id, headline_metrics(s))
+    for k, v in {"sim2edge.model_version": s.version, "sim2edge.alias": s.alias, "sim2edge.model": s.policy}.items():
+        ctx.client.set_tag(ctx.parent_run_id, k, v)
 
 
 def pull_command(policy: str, alias: str, ws: Workspace, tracking_uri: str) -> str:
@@ -151,7 +183,8 @@ def summary_markdown(s: PipelineSummary) -> str:
     if s.sim_to_real_gap:
         evaluation += ("\n\nSim-to-real (joint-trajectory RMSE to the stand-in robot): calibrated twin "
                        f"{s.sim_to_real_gap['twin']:.4f}, uncalibrated model {s.sim_to_real_gap['uncalibrated']:.4f}")
-    gate = "\n".join(f"| {r.split(': ', 1)[1]} | {'✅' if r.startswith('pass') else '❌'} |" for r in s.gate_reasons)
+    # words, not only emoji: without an emoji font both render as the same box
+    gate = "\n".join(f"| {r.split(': ', 1)[1]} | {'pass' if r.startswith('pass') else 'FAIL'} |" for r in s.gate_reasons)
     rows = "\n".join(f"| {k} | {v:.1f} s |" for k, v in s.stage_seconds.items())
     lineage_line = (f"Dataset v{s.dataset_version:04d}"
                     + (f"; warm-started from v{s.warm_started_from}" if s.warm_started_from else "")

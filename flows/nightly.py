@@ -28,7 +28,7 @@ def ingest_stage(ctx: RunContext, ws: Workspace, params: NightlyParams) -> Inges
 def nightly_retrain(params: NightlyParams = NightlyParams()) -> Optional[PipelineSummary]:
     """Retrain on what the robots logged since the last run; None when skipped for lack of new data."""
     ws = Workspace.from_env()
-    ctx = begin_pipeline(ws, f"sim2edge/{params.policy_name}", f"nightly-retrain {params.policy_name}",
+    ctx = begin_pipeline(ws, params, f"nightly-retrain {params.policy_name}",
                          {"sim2edge.task": params.task, "sim2edge.target": params.target, "sim2edge.flow": "nightly-retrain"})
     out = ws.runs / ctx.parent_run_id
     timings: dict[str, float] = {}

@@ -27,11 +27,14 @@ class PipelineParams(BaseModel):
     eval_episodes: int = Field(32, ge=1, description="Seeded evaluation episodes per scenario of the suite.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Floors the policy must clear.")
     promote: bool = Field(True, description="Set `champion` when the gate passes (else always `challenger`).")
+    model_prefix: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$", max_length=64,
+                              description="Prefix of the registered model's name (`<prefix><task>`, e.g. `lab-a.`), "
+                                          "so pipelines sharing one registry do not collide.")
 
     @property
     def policy_name(self) -> str:
-        """The registered model's name: the task's own name (also for a ``module:Class`` task)."""
-        return load(self.task).name
+        """The registered model's name: the prefix and the task's own name (also for a ``module:Class`` task)."""
+        return self.model_prefix + load(self.task).name
 
     @field_validator("task")
     @classmethod

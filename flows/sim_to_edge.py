@@ -19,7 +19,7 @@ from stages.standin import LABEL
 def sim_to_edge(params: SimToEdgeParams = SimToEdgeParams()) -> PipelineSummary:
     """The whole chain for one task and target, tracked in MLflow, ending in a registered bundle."""
     ws = Workspace.from_env()
-    ctx = begin_pipeline(ws, f"sim2edge/{params.policy_name}", f"sim-to-edge {params.policy_name}",
+    ctx = begin_pipeline(ws, params, f"sim-to-edge {params.policy_name}",
                          {"sim2edge.task": params.task, "sim2edge.target": params.target, "sim2edge.robot": LABEL})
     out = ws.runs / ctx.parent_run_id
     timings: dict[str, float] = {}

@@ -25,7 +25,7 @@ from flows.caching import stage_key, task_version
 from flows.params import PipelineParams
 from flows.steps import calibrate_step, collect_step
 from flows.workspace import Workspace
-from registry import models
+from registry import models, policy_model
 from registry.tracking import RunContext, stage_run
 from stages.artifacts import BundleArtifact, Checkpoint, Dataset, EvalReport, ExportedPolicy, TwinSpec
 from stages.collect.ingest import StandinConfig
@@ -143,18 +143,21 @@ def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace,
     cfg = PackageConfig(target=params.target)
     client = ctx.client
     with stage_run(ctx, "package", cfg.model_dump()) as run:
-        version = models.reserve_version(client, params.policy_name, run.run_id, run.artifact_uri + "/bundle",
-                                         {"sim2edge.target": cfg.target})
+        model = policy_model.create(client, ctx.experiment_id, run.run_id, params.policy_name, {"sim2edge.target": cfg.target})
+        version = models.reserve_version(client, params.policy_name, run.run_id, policy_model.version_source(client, model),
+                                         {"sim2edge.target": cfg.target}, model_id=model.model_id)
         try:
             provenance = {"mlflow_run_id": ctx.parent_run_id, "package_run_id": run.run_id,
                           "model_version": version, "git_commit": _git_commit()}
             manifest = manifest_for(cfg, params.policy_name, version, policy, report, ckpt, twin, ds, provenance)
             bundle = package(cfg, manifest, policy, ws.keys_dir, out / "bundle.tar")
             run.artifact(bundle.path, "bundle")
+            policy_model.upload(client, model, policy.path, policy.golden, bundle.path, manifest)
             run.tags({"sim2edge.bundle_sha256": bundle.digest, "sim2edge.model_version": version})
             bundle_path = models.proxy_path(run.artifact_uri + "/bundle/bundle.tar", ws.artifact_root())
         except BaseException:
             client.delete_model_version(params.policy_name, version)
+            client.finalize_logged_model(model.model_id, "FAILED")
             raise
     with stage_run(ctx, "register", {"model": params.policy_name, "version": version}) as run:
         alias = models.publish(client, params.policy_name, version, bundle_path, bundle.digest, bundle.path.stat().st_size,

@@ -82,7 +82,9 @@ class Workspace(BaseModel):
         return f"sqlite:///{self.mlflow_db}"
 
     def artifact_root(self) -> Path | None:
-        """Where embedded runs keep artifacts; None when a remote tracking server owns them."""
+        """The folder the embedded store and ``sim2edge up``'s server keep artifacts in; None when
+        ``MLFLOW_TRACKING_URI`` names another store. Experiments created through a tracking server use its
+        artifact proxy (``mlflow-artifacts:``) instead: ``registry.tracking.ensure_experiment``."""
         return None if os.environ.get("MLFLOW_TRACKING_URI") else self.mlflow_artifacts
 
     def configure_prefect(self) -> None:

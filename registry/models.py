@@ -26,14 +26,17 @@ def proxy_path(artifact_uri: str, artifact_root: Path | None) -> str:
     raise ValueError(f"artifact URI {artifact_uri!r} is not served by the artifact proxy (root {artifact_root})")
 
 
-def reserve_version(client: MlflowClient, name: str, run_id: str, source: str, tags: dict) -> str:
-    """Create a new version of ``name`` (creating the model on first use); return its number."""
+def reserve_version(client: MlflowClient, name: str, run_id: str, source: str, tags: dict,
+                    model_id: str | None = None) -> str:
+    """Create a new version of ``name`` (creating the model on first use); return its number.
+
+    ``source`` is ``models:/<model_id>`` for a policy logged as an MLflow Model (:mod:`registry.policy_model`)."""
     try:
         client.create_registered_model(name, description=f"sim2edge policies for task {name}")
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    return str(client.create_model_version(name, source=source, run_id=run_id, tags=tags).version)
+    return str(client.create_model_version(name, source=source, run_id=run_id, tags=tags, model_id=model_id).version)
 
 
 def current_champion(client: MlflowClient, name: str) -> str | None:

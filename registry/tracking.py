@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import urllib.parse
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -33,13 +34,36 @@ class RunContext(BaseModel):
         return MlflowClient(self.tracking_uri)
 
 
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+"""Opens the experiment in the MLflow 3 UI's model-training view (its default is the GenAI view)."""
+
+
+def serves_artifacts(client: MlflowClient) -> bool:
+    """Whether ``client`` talks to a tracking server, which then stores artifacts behind its proxy."""
+    return urllib.parse.urlsplit(client.tracking_uri).scheme in ("http", "https")
+
+
 def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | None) -> str:
-    """The experiment's id, creating it (artifacts under ``artifact_root/<name>`` when given)."""
+    """The experiment's id, creating it as a model-training experiment.
+
+    Through a tracking server its artifacts go through the server's artifact proxy (``mlflow-artifacts:``),
+    which clients on any host can read and write; only the embedded store (no server) keeps them under
+    ``artifact_root/<name>`` (``file://``). An experiment made by the embedded store that a server now
+    serves is refused unless its folder is on this host's disk (a run before ``sim2edge up``)."""
     found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    location = (artifact_root / name.replace("/", "-")).resolve().as_uri() if artifact_root else None
-    return client.create_experiment(name, artifact_location=location)
+    if found is None:
+        location = (artifact_root / name.replace("/", "-")).resolve().as_uri() \
+            if artifact_root and not serves_artifacts(client) else None
+        return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+    if found.artifact_location.startswith("file:") and serves_artifacts(client) and not Path(urllib.parse.urlsplit(found.artifact_location).path).is_dir():
+        raise ValueError(f"experiment {name!r} keeps its artifacts at {found.artifact_location}, which this host "
+                         f"cannot reach (it was created without a tracking server); rename it in the MLflow UI "
+                         f"(or `mlflow experiments rename`) and the next run creates one behind {client.tracking_uri}'s "
+                         f"artifact proxy")
+    for key, value in EXPERIMENT_KIND.items():
+        if key not in found.tags:
+            client.set_experiment_tag(found.experiment_id, key, value)
+    return found.experiment_id
 
 
 OWNER = "sim2edge.owner"
@@ -74,11 +98,39 @@ def fail_orphans(client: MlflowClient, experiment_id: str) -> list[str]:
     return orphans
 
 
+def flatten(values: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    """Nested mappings as dotted keys: ``{"gate": {"min_success_rate": 0.8}}`` → ``{"gate.min_success_rate": 0.8}``."""
+    flat: dict[str, object] = {}
+    for k, v in values.items():
+        if isinstance(v, Mapping):
+            flat.update(flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def log_params(client: MlflowClient, run_id: str, params: Mapping[str, object]) -> None:
+    """Log parameters in one batch, values as text (cut at MLflow's 6000-character limit)."""
+    flat = [Param(k, str(v)[:6000]) for k, v in params.items()]
+    if flat:
+        client.log_batch(run_id, params=flat)
+
+
+def log_metrics(client: MlflowClient, run_id: str, values: Mapping[str, float], step: int = 0) -> None:
+    """Log the finite ``values`` as metrics at ``step`` in one batch."""
+    now = get_current_time_millis()
+    batch = [Metric(k, float(v), now, step) for k, v in values.items() if math.isfinite(float(v))]
+    if batch:
+        client.log_batch(run_id, metrics=batch)
+
+
 def start_pipeline(tracking_uri: str, experiment: str, artifact_root: Path | None, run_name: str,
-                   tags: Mapping[str, str]) -> RunContext:
+                   tags: Mapping[str, str], params: Mapping[str, object]) -> RunContext:
+    """The parent run of a pipeline run, with the pipeline's parameters (so the runs table compares pipelines)."""
     client = MlflowClient(tracking_uri)
     experiment_id = ensure_experiment(client, experiment, artifact_root)
     run = client.create_run(experiment_id, run_name=run_name, tags={**tags, OWNER: owner()})
+    log_params(client, run.info.run_id, flatten(params))
     return RunContext(tracking_uri=tracking_uri, experiment_id=experiment_id, parent_run_id=run.info.run_id)
 
 
@@ -101,10 +153,7 @@ class StageRun:
         self.client, self.run_id = client, run_id
 
     def metrics(self, values: Mapping[str, float], step: int = 0) -> None:
-        now = get_current_time_millis()
-        batch = [Metric(k, float(v), now, step) for k, v in values.items() if math.isfinite(float(v))]
-        if batch:
-            self.client.log_batch(self.run_id, metrics=batch)
+        log_metrics(self.client, self.run_id, values, step)
 
     def artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if path.is_dir():
@@ -132,9 +181,7 @@ def stage_run(ctx: RunContext, stage: str, params: Mapping[str, object]) -> Iter
     if ctx.parent_run_id:
         tags["mlflow.parentRunId"] = ctx.parent_run_id
     run = client.create_run(ctx.experiment_id, run_name=stage, tags=tags)
-    flat = [Param(k, str(v)[:6000]) for k, v in params.items()]
-    if flat:
-        client.log_batch(run.info.run_id, params=flat)
+    log_params(client, run.info.run_id, params)
     try:
         yield StageRun(client, run.info.run_id)
     except BaseException:
