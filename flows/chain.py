@@ -127,7 +127,9 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
         policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
         mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,
         mlflow_run_id=ctx.parent_run_id, tracking_uri=ctx.tracking_uri,
-        pull_command=pull_command(params.policy_name, alias, ws, ctx.tracking_uri), stage_seconds=timings,
+        pull_command=pull_command(params.policy_name, alias, ws, ctx.tracking_uri,
+                                  () if report.passed else tuple(r for r in report.reasons if not r.startswith("pass"))),
+        stage_seconds=timings,
         dataset_version=ds.version, warm_started_from=champion.version if champion and start_from else None,
         compared_with=champion.version if champion else None, champion_mean_return=report.champion_mean_return,
         champion_success_rate=report.champion_success_rate, mlflow_experiment_id=ctx.experiment_id,
@@ -164,10 +166,16 @@ def log_results(ctx: RunContext, s: PipelineSummary) -> None:
         ctx.client.set_tag(ctx.parent_run_id, k, v)
 
 
-def pull_command(policy: str, alias: str, ws: Workspace, tracking_uri: str) -> str:
+def pull_command(policy: str, alias: str, ws: Workspace, tracking_uri: str, failed: tuple[str, ...] = ()) -> str:
+    """The agent command that installs this version; for a version that failed its gate (``failed``: the
+    failing checks) it says why and adds ``--allow-failed-gate``, without which the agent refuses it."""
     registry = tracking_uri if tracking_uri.startswith("http") else "http://127.0.0.1:5000"
-    return (f"sim2edge-agent pull {policy}@{alias} --registry {registry} --root {ws.device_root} "
-            f"--trust {ws.keys_dir / 'signing.pub'} --skip-target-check")
+    command = (f"sim2edge-agent pull {policy}@{alias} --registry {registry} --root {ws.device_root} "
+               f"--trust {ws.keys_dir / 'signing.pub'} --skip-target-check")
+    if not failed:
+        return command
+    return (f"# {policy}@{alias} failed its evaluation gate ({'; '.join(failed)}); the agent installs it only "
+            f"with --allow-failed-gate\n{command} --allow-failed-gate")
 
 
 def summary_markdown(s: PipelineSummary) -> str:

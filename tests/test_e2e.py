@@ -119,6 +119,10 @@ def test_failing_gate_registers_a_challenger_and_keeps_the_champion(pipeline, cl
 
     weak = sim_to_edge(SimToEdgeParams(iterations=1, eval_episodes=8))
     assert weak.alias == "challenger"
+    reason, command = weak.pull_command.splitlines()  # the printed pull says why, and adds the flag
+    failed = [r for r in weak.gate_reasons if r.startswith("FAIL")]
+    assert "failed its evaluation gate" in reason and failed and all(r in reason for r in failed), reason
+    assert command.endswith("--allow-failed-gate")
     assert client.get_model_version_by_alias("cartpole", "champion").version == pipeline.version
     assert client.get_model_version_by_alias("cartpole", "challenger").version == weak.version
     assert client.get_model_version("cartpole", weak.version).tags["sim2edge.gate"] == "fail"
@@ -148,7 +152,10 @@ def test_newer_version_then_refused_downgrade_then_rollback(pipeline, client, ml
     newer = client.get_model_version_by_alias("cartpole", "challenger").version  # from the failing-gate test
     assert int(newer) > int(pipeline.version)
     assert agent_pull(f"cartpole@{pipeline.version}", mlflow_server, root, trust, "--skip-target-check").returncode == 0
-    assert agent_pull("cartpole@challenger", mlflow_server, root, trust, "--skip-target-check").returncode == 0
+    refused = agent_pull("cartpole@challenger", mlflow_server, root, trust, "--skip-target-check")
+    assert refused.returncode == 1 and "gate:" in refused.stderr and "--allow-failed-gate" in refused.stderr
+    assert agent_pull("cartpole@challenger", mlflow_server, root, trust, "--skip-target-check",
+                      "--allow-failed-gate").returncode == 0
     store = DeviceStore(root)
     assert store.link("current").name == newer and store.link("previous").name == pipeline.version
     old = agent_pull(f"cartpole@{pipeline.version}", mlflow_server, root, trust, "--skip-target-check")
