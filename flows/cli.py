@@ -187,7 +187,7 @@ def evaluate(
             _fail(f"{policy}: no such registered version ({e})")
         onnx = lineage.stage_artifact(client, version, "export", "onnx/policy.onnx", work / "onnx")
         twin = twin or lineage.stage_artifact(client, version, "calibrate", "twin/twin.json", work / "twin")
-        task, label = name, f"{name} v{version.version}"
+        task, label = version_task(version), f"{name} v{version.version}"
     spec = twin_from_file(twin, task)
     exported = ExportedPolicy(path=onnx, digest=bundle_format.sha256_path(onnx), task=task, opset=0,
                               parity_max_abs_error=0.0, golden=onnx)
@@ -209,6 +209,25 @@ def evaluate(
     console.print(f"{'PASSED' if report.passed else 'FAILED'}; report {report.html}", soft_wrap=True, markup=False)
     if not report.passed:
         raise typer.Exit(1)
+
+
+def version_task(version) -> str:
+    """The task a registered version was trained on: its recorded name if this install knows it, else its
+    ``module:Class`` (a user's own task needs no entry point); warns when the task's source changed since."""
+    from stages.sim import registry
+
+    tags = version.tags
+    task = tags.get("sim2edge.task", version.name)
+    if task not in registry.names() and ":" not in task:
+        task = tags.get("sim2edge.task_ref", task)
+    try:
+        ref, digest = registry.reference(task)
+    except (KeyError, ImportError, AttributeError) as e:
+        _fail(f"{version.name} v{version.version} was trained on task {task!r}, which cannot be loaded here ({e})")
+    if tags.get("sim2edge.task_sha256") not in (None, digest):
+        console.print(f"warning: the source of {ref} changed since {version.name} v{version.version} was registered",
+                      markup=False, highlight=False)
+    return task
 
 
 @app.command()

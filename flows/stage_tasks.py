@@ -32,6 +32,7 @@ from stages.collect.ingest import StandinConfig
 from stages.export import ExportConfig, export
 from stages.package import PackageConfig, manifest_for, package
 from stages.sim.params import PhysicalParams
+from stages.sim.registry import reference as task_reference
 from stages.train import TrainConfig, train
 from stages.twin.calibrate import CalibrateConfig
 from stages.twin.evaluate import Champion, EvalConfig, Shard, ShardJob, evaluate, run_shard
@@ -164,9 +165,16 @@ def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace,
                                report.passed and params.promote,
                                {"sim2edge.success_rate": report.success_rate, "sim2edge.mean_return": report.mean_return,
                                 "sim2edge.dataset_digest": ds.digest, "sim2edge.twin_digest": twin.digest,
-                                "sim2edge.pipeline_run_id": ctx.parent_run_id}, expected_champion)
+                                "sim2edge.pipeline_run_id": ctx.parent_run_id, **task_tags(params.task)},
+                               expected_champion)
         run.tags({"sim2edge.alias": alias})
     return bundle, version, alias
+
+
+def task_tags(task: str) -> dict[str, str]:
+    """A registered version's task: the name it was trained as, its ``module:Class`` and its source digest."""
+    ref, digest = task_reference(task)
+    return {"sim2edge.task": task, "sim2edge.task_ref": ref, "sim2edge.task_sha256": digest}
 
 
 def metric_name(text: str) -> str:

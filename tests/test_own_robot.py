@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,13 @@ def test_sim2edge_run_with_own_task_from_the_cli(tmp_path):
     assert (tmp_path / "mlflow" / "mlflow.db").exists() and (tmp_path / "keys" / "signing.pub").exists()
     bundles = list((tmp_path / "runs").glob("*/bundle/bundle.tar"))
     assert len(bundles) == 1
+    # the registered version records its task (module:Class and source digest): evaluate finds it without an
+    # entry point, although the model is named after Task.name
+    ref = re.search(r"sim2edge-agent pull (pendulum@\w+)", r.stdout).group(1)
+    ev = run_cli("sim2edge", "evaluate", ref, "--episodes", "2", "--no-video", cwd=REPO,
+                 env={"SIM2EDGE_HOME": str(tmp_path)}, unset=("MLFLOW_TRACKING_URI", "PREFECT_API_URL"))
+    assert ev.returncode in (0, 1) and ("PASSED;" in ev.stdout or "FAILED;" in ev.stdout), ev.stdout + ev.stderr
+    assert "unknown task" not in ev.stdout + ev.stderr and "warning" not in ev.stdout
 
 
 def test_a_task_from_an_entry_point_is_registered(tmp_path, monkeypatch):

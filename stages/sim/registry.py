@@ -7,7 +7,9 @@ does (``sim2edge tasks``, the Prefect form's task picker). ``module:Class`` work
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
 from importlib.metadata import entry_points
 from typing import Callable
 
@@ -57,3 +59,13 @@ def load(name: str) -> Task:
     task.validate()
     _BUILT[name] = task
     return task
+
+
+def reference(name: str) -> tuple[str, str]:
+    """``(module:Class, sha256 of its source file)`` of the task ``name``: what a registered version records so
+    that evaluation, the nightly and tuning find a user's own task without an entry point, and can tell whether
+    its code changed since."""
+    cls = type(load(name))
+    source = inspect.getsourcefile(cls)
+    digest = hashlib.sha256(open(source, "rb").read()).hexdigest() if source else ""
+    return f"{cls.__module__}:{cls.__qualname__}", digest
