@@ -166,7 +166,7 @@ def test_newer_version_then_refused_downgrade_then_rollback(pipeline, client, ml
     assert store.link("current").name == pipeline.version and store.link("previous").name == newer
     assert run_cli("sim2edge-agent", "verify", "--root", str(root), "--trust", str(trust)).returncode == 0
     events = [json.loads(line)["event"] for line in run_cli("sim2edge-agent", "history", "--root", str(root)).stdout.splitlines()]
-    assert events == ["activate", "activate", "refused", "rollback"]
+    assert events == ["activate", "refused", "activate", "refused", "rollback"]  # gate refusal, then freshness
     gc = run_cli("sim2edge-agent", "gc", "--root", str(root), "--keep", "0")
     assert gc.returncode == 0 and "removed: nothing" in gc.stdout  # both are pinned as current/previous
 

@@ -98,8 +98,11 @@ def test_quick_run_from_the_ui_registers_a_model_version(served, mlflow_server, 
             page.get_by_text("Completed").first.wait_for(timeout=30_000)
             page.screenshot(path=str(tmp_path / "flow-run.png"))
             # the run's summary artifact: gate verdicts as words, readable without an emoji font
-            page.goto(f"{served}/artifacts/key/sim-to-edge-summary")
-            page.get_by_text("Gate", exact=False).first.wait_for(timeout=30_000)
+            (artifact,) = api(f"{served}/api", "/artifacts/filter",
+                              {"artifacts": {"key": {"any_": ["sim-to-edge-summary"]}},
+                               "flow_runs": {"id": {"any_": [run_id]}}})
+            page.goto(f"{served}/artifacts/artifact/{artifact['id']}")
+            page.get_by_text("gate", exact=True).first.wait_for(timeout=30_000)
             text = page.inner_text("body")
             assert re.search(r"\bpass\b|\bFAIL\b", text) and "\u2705" not in text and "\u274c" not in text, text
         finally:
@@ -130,6 +133,8 @@ def test_nightly_card_shows_its_time_and_timezone_in_the_browser(served, tmp_pat
         page = browser.new_page()
         try:
             page.goto(f"{served}/deployments/deployment/{found['nightly-retrain']['id']}", wait_until="networkidle")
+            # Prefect's schedule chip shows no timezone ("At 02:00 AM every day"): the description says it
+            page.get_by_text("Description", exact=True).first.click()
             page.get_by_text("Europe/Berlin", exact=False).first.wait_for(timeout=30_000)
             assert "02:00 Europe/Berlin" in page.inner_text("body")
         finally:
