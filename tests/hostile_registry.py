@@ -46,24 +46,22 @@ class HostileRegistry:
             def log_message(self, *args):
                 pass
 
+            def _write(self, data: bytes, drip_s: float) -> None:
+                """``data`` at once, or one byte every ``drip_s`` seconds."""
+                if not drip_s:
+                    return self.wfile.write(data)
+                for byte in data:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(drip_s)
+
             def _send(self, status: int, body: bytes) -> None:
                 head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                         f"Connection: close\r\n\r\n").encode()
+                drip_body = not registry.drip_headers and status == 200 and body is registry.body
                 try:
-                    if registry.drip_s and registry.drip_headers:
-                        for byte in head:
-                            self.wfile.write(bytes([byte]))
-                            self.wfile.flush()
-                            time.sleep(registry.drip_s)
-                    else:
-                        self.wfile.write(head)
-                    if registry.drip_s and not registry.drip_headers and status == 200 and body is registry.body:
-                        for byte in body:
-                            self.wfile.write(bytes([byte]))
-                            self.wfile.flush()
-                            time.sleep(registry.drip_s)
-                    else:
-                        self.wfile.write(body)
+                    self._write(head, registry.drip_s if registry.drip_headers else 0.0)
+                    self._write(body, registry.drip_s if drip_body else 0.0)
                 except OSError:  # the agent hung up (its deadline)
                     pass
                 self.close_connection = True
