@@ -313,7 +313,7 @@ def verify_dir(bundle_dir: Path, trusted: Iterable) -> dict:
         raise CheckFailed("signature", f"{SIGNATURE} is missing (unsigned bundle)")
     if manifest_path.stat().st_size > MAX_MANIFEST_BYTES:
         raise CheckFailed("manifest", f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
-    manifest = authenticate(manifest_path.read_bytes(), sig_path.read_bytes()[:MAX_SIGNATURE_BYTES + 1], trusted)
+    manifest = authenticate(manifest_path.read_bytes(), sig_path.read_bytes(), trusted)
     listed = manifest["files"]
     present = {str(p.relative_to(bundle_dir)) for p in bundle_dir.rglob("*") if p.is_file() or p.is_symlink()}
     _check_listed(listed, present - {MANIFEST, SIGNATURE})

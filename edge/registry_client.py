@@ -45,12 +45,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from edge.bundle import sha256_path
 from edge.errors import CheckFailed
-from edge.values import ArtifactPath, PolicyName, Sha256, Version, byte_count, shown
+from edge.values import ID, ArtifactPath, PolicyName, Sha256, Version, byte_count, shown
 
 TAG_PATH, TAG_SHA256, TAG_SIZE = "sim2edge.bundle.path", "sim2edge.bundle.sha256", "sim2edge.bundle.size"
 CHUNK = 1 << 16
 _TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
-_RUN_ID = re.compile(r"[A-Za-z0-9_-]{0,64}")
 _ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,254}")
 
 
@@ -153,7 +152,7 @@ def bundle_ref(answer: object, policy: PolicyName, version: Optional[Version], m
     if size == 0:
         raise CheckFailed("registry", f"tag {TAG_SIZE} of {policy} v{got} declares an empty bundle")
     run_id = mv.get("run_id") or ""
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+    if not isinstance(run_id, str) or (run_id and not ID.fullmatch(run_id)):
         raise CheckFailed("registry", f"run_id of {policy} v{got} {shown(run_id)} is not a run id")
     return BundleRef(policy, got, ArtifactPath.parse(tags[TAG_PATH], f"tag {TAG_PATH} of {policy} v{got}"),
                      Sha256.parse(tags[TAG_SHA256], f"tag {TAG_SHA256} of {policy} v{got}"), size, run_id)

@@ -31,7 +31,7 @@ from typing import Iterator, List, Optional
 
 from edge import crash
 from edge.errors import CheckFailed
-from edge.values import PolicyName, Sha256, Version
+from edge.values import VERSION, PolicyName, Sha256, Version
 
 
 def fsync_dir(path: Path) -> None:
@@ -285,7 +285,7 @@ class DeviceStore:
         base = self.root / "bundles" / policy
         if not base.is_dir():
             return []
-        return sorted((p.name for p in base.iterdir() if p.is_dir() and p.name.isascii() and p.name.isdigit()), key=int)
+        return sorted((p.name for p in base.iterdir() if p.is_dir() and VERSION.fullmatch(p.name)), key=int)
 
     def remove(self, bundle: Path) -> None:
         """Delete an installed bundle directory (never one that ``current`` or ``previous`` names)."""

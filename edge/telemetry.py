@@ -40,9 +40,7 @@ import numpy as np
 from edge.store import fsync_dir
 from edge.errors import CheckFailed
 from edge.registry_client import RegistryClient, RegistryError, TransferOptions
-from edge.values import ArtifactPath, shown
-
-_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+from edge.values import ID, ArtifactPath, shown
 
 
 def answer_field(answer: object, keys: tuple, pattern: "re.Pattern[str]") -> str:
@@ -164,13 +162,13 @@ class Uploader:
     def _experiment_id(self) -> str:
         try:
             answer = self.client._json("/api/2.0/mlflow/experiments/get-by-name", {"experiment_name": EXPERIMENT})
-            return answer_field(answer, ("experiment", "experiment_id"), _ID)
+            return answer_field(answer, ("experiment", "experiment_id"), ID)
         except RegistryError as e:
             if e.status != 404:
                 raise
         try:
             answer = self.client._json("/api/2.0/mlflow/experiments/create", method="POST", body={"name": EXPERIMENT})
-            return answer_field(answer, ("experiment_id",), _ID)
+            return answer_field(answer, ("experiment_id",), ID)
         except RegistryError as e:  # created meanwhile by another device
             if "RESOURCE_ALREADY_EXISTS" not in e.detail and e.status != 400:
                 raise
@@ -187,7 +185,7 @@ class Uploader:
             raise RegistryError(f"telemetry run artifacts live at {uri}, not behind the artifact proxy "
                                 f"(start the server with --serve-artifacts)", 0)
         artifacts = ArtifactPath.parse(uri.split(":", 1)[1].lstrip("/"), "run.info.artifact_uri")
-        return {"run_id": answer_field(run, ("run", "info", "run_id"), _ID), "artifacts": artifacts + "/telemetry",
+        return {"run_id": answer_field(run, ("run", "info", "run_id"), ID), "artifacts": artifacts + "/telemetry",
                 "version": version, "confirmed": []}
 
     def _listed_sizes(self, artifacts: str) -> Dict[str, int]:

@@ -23,7 +23,10 @@ from typing import Optional
 from edge.errors import CheckFailed
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_VERSION = re.compile(r"[1-9][0-9]{0,17}")
+VERSION = re.compile(r"[1-9][0-9]{0,17}")
+"""A version number's text (see :class:`Version`)."""
+ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""An MLflow run or experiment id."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _COUNT = re.compile(r"[0-9]{1,18}")
 _PATH_PART = re.compile(r"[A-Za-z0-9_+=@,~-][A-Za-z0-9._+=@,~-]{0,254}")
@@ -62,7 +65,7 @@ class Version(str):
         if isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
         text = _text(value, check, field)
-        if not _VERSION.fullmatch(text):
+        if not VERSION.fullmatch(text):
             raise CheckFailed(check, f"{field} {shown(text)} is not a positive version number")
         return cls(text)
 
