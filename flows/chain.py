@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from edge.runtime import OnnxRuntime
 from flows.params import PipelineParams, PipelineSummary
-from flows.stage_tasks import (calibrate_stage, evaluate_shard, evaluate_stage, export_stage, package_and_register,
-                               timed, train_stage)
+from flows.stage_tasks import (calibrate_stage, evaluate_shard, evaluate_stage, export_stage, metric_name,
+                               package_and_register, timed, train_stage)
 from flows.workspace import Workspace
 from registry import lineage
 from mlflow.entities.model_registry import ModelVersion
@@ -139,20 +138,15 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
     return summary
 
 
-def metric_key(text: str) -> str:
-    """A scenario or stage name as part of a metric name: ``package + register`` → ``package_register``."""
-    return re.sub(r"[^\w.-]+", "_", text).strip("_")
-
-
 def headline_metrics(s: PipelineSummary) -> dict[str, float]:
     """What the runs table compares pipelines by: the gate, success and return (overall and per scenario),
     the champion's figures on the same seeds, the sim-to-real gap and the stage times."""
     values = {"gate_passed": float(all(r.startswith("pass") for r in s.gate_reasons)),
               "promoted": float(s.alias == "champion"), "success_rate": s.success_rate, "mean_return": s.mean_return,
-              **{f"success_rate.{metric_key(r.name)}": r.success_rate for r in s.scenarios},
-              **{f"mean_return.{metric_key(r.name)}": r.mean_return for r in s.scenarios},
-              **{f"sim_to_real_rmse.{metric_key(k)}": v for k, v in (s.sim_to_real_gap or {}).items()},
-              **{f"seconds.{metric_key(k)}": v for k, v in s.stage_seconds.items()},
+              **{f"success_rate.{metric_name(r.name)}": r.success_rate for r in s.scenarios},
+              **{f"mean_return.{metric_name(r.name)}": r.mean_return for r in s.scenarios},
+              **{f"sim_to_real_rmse.{metric_name(k)}": v for k, v in (s.sim_to_real_gap or {}).items()},
+              **{f"seconds.{metric_name(k)}": v for k, v in s.stage_seconds.items()},
               "seconds.total": sum(s.stage_seconds.values())}
     if s.compared_with:
         values.update(champion_success_rate=s.champion_success_rate, champion_mean_return=s.champion_mean_return)

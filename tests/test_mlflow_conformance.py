@@ -27,7 +27,8 @@ from mlflow.tracking import MlflowClient
 
 from edge import bundle, signing
 from edge.runtime import OnnxRuntime
-from flows.chain import metric_key, summary_markdown
+from flows.chain import summary_markdown
+from flows.stage_tasks import metric_name
 from flows.params import PipelineSummary
 from registry import models, policy_model
 from registry.tracking import EXPERIMENT_KIND, ensure_experiment
@@ -231,7 +232,7 @@ def test_a_pipeline_and_clients_on_hosts_without_the_servers_disk(mlflow_server,
     assert parent.metrics["gate_passed"] == float(passed) and parent.metrics["promoted"] == float(passed)
     assert parent.metrics["success_rate"] == pytest.approx(summary.success_rate)
     for scenario in summary.scenarios:
-        key = metric_key(scenario.name)
+        key = metric_name(scenario.name)  # the same names as the evaluate stage's run
         assert parent.metrics[f"mean_return.{key}"] == pytest.approx(scenario.mean_return)
         assert parent.metrics[f"success_rate.{key}"] == pytest.approx(scenario.success_rate)
     assert parent.metrics["seconds.train"] == pytest.approx(summary.stage_seconds["train"])
