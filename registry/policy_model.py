@@ -4,9 +4,15 @@ Stock MLflow then loads a version: ``mlflow.onnx.load_model("models:/cartpole@ch
 graph; ``mlflow.pyfunc.load_model(...).predict(df)`` takes a DataFrame whose columns are the
 observation terms (any order: the signature puts them in the policy's order) and returns the graph's
 output (``action``) as one column, row-major: ``.to_numpy().reshape(len(df), n_actions)`` are the
-actions the device runtime computes. The signature's inputs are the observation terms; its output is
-the action tensor, whose terms (names, units, limits) are in the model's ``metadata``. The signed
-bundle is an extra file of the model (``extra_files/bundle.tar``); devices keep pulling it from the package run
+actions the device runtime computes. The signature declares the terms ``double``, so MLflow's schema
+enforcement accepts what Python builds: float64 (plain floats, ``mlflow models serve`` JSON), float32,
+and int8/16/32 columns (int64 ones only when every value is 0 or 1: MLflow's rule); the onnx flavor's
+pyfunc then casts float64 to the graph's float32, so float64 inputs that are float32 values act exactly
+as on the device. A missing term is refused by MLflow naming the missing (and any extra) columns; extra
+columns alone are ignored with a warning. A bare NumPy array has no column names and is refused the same
+way: pass ``pd.DataFrame(array, columns=signature.inputs.input_names())``. Its output is the action
+tensor, whose terms (names, units, limits) are in the model's ``metadata``. The signed bundle is an
+extra file of the model (``extra_files/bundle.tar``); devices keep pulling it from the package run
 through the tags ``sim2edge.bundle.*`` (:mod:`registry.models`).
 
 Logged through ``MlflowClient`` with explicit ids, no fluent run or experiment (stages run in
@@ -36,15 +42,15 @@ MODEL_TYPE = "sim2edge-policy"
 
 
 def signature(io: dict, output_name: str) -> ModelSignature:
-    """From the bundle manifest's ``io``: one float column per observation term, in the policy's order; the
-    output tensor (B, actions) under the graph's output name."""
-    return ModelSignature(inputs=Schema([ColSpec(DataType.float, t["name"]) for t in io["input"]["terms"]]),
+    """From the bundle manifest's ``io``: one double column per observation term, in the policy's order (the
+    flavor casts them to the graph's float32); the output tensor (B, actions) under the graph's output name."""
+    return ModelSignature(inputs=Schema([ColSpec(DataType.double, t["name"]) for t in io["input"]["terms"]]),
                           outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, len(io["output"]["terms"])), output_name)]))
 
 
 def input_example(io: dict, golden: Path, rows: int = 4) -> pd.DataFrame:
-    """The first golden inputs recorded at export, as named observation columns."""
-    inputs = np.load(golden)["inputs"][:rows].astype(np.float32)
+    """The first golden inputs recorded at export, as named float64 observation columns (the signature's type)."""
+    inputs = np.load(golden)["inputs"][:rows].astype(np.float64)
     return pd.DataFrame(inputs, columns=[t["name"] for t in io["input"]["terms"]])
 
 
