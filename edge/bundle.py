@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Callable, Dict, Iterable, Optional
 
 from edge import crash
-from edge.errors import CheckFailed
+from edge.errors import CheckFailed, is_disk_full
 from edge.signing import verify
 from edge.values import PolicyName, Sha256, Version, byte_count, shown
 
@@ -193,6 +193,8 @@ def extract(tar_path: Path, dest: Path, max_bytes: int, trusted: Optional[Iterab
                     src = tar.extractfile(headers[name])
                     digest = _copy(src, out, listed[name]["length"]) if src else sha256_bytes(b"")
                 except _TAR_ERRORS as e:
+                    if is_disk_full(e):  # the device's storage, not the bundle: the caller says `disk`
+                        raise
                     raise CheckFailed("archive", f"member {name!r} cannot be read ({type(e).__name__}: {e})") from None
                 out.flush()
                 os.fsync(out.fileno())

@@ -2,7 +2,7 @@
 
 Exit codes: 0 done; 1 refused (a check refused what the registry offered, or the state asked about
 is not there: the message names the check); 2 error (bad arguments or input, a local file, the
-registry rejecting the request); 3 unavailable (registry unreachable or too slow, backing off, or
+registry rejecting the request, a full disk); 3 unavailable (registry unreachable or too slow, backing off, or
 another agent holds the store: try again later; ``current`` is unchanged)."""
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ def pull_options(args: argparse.Namespace):
     from edge.pull import PullOptions
 
     return PullOptions(transfer_options(args), backoff_base_s=args.backoff, ignore_backoff=args.ignore_backoff,
-                       retry_failed=args.retry_failed, allow_failed_gate=args.allow_failed_gate)
+                       retry_failed=args.retry_failed, allow_failed_gate=args.allow_failed_gate,
+                       min_free_bytes=args.min_free)
 
 
 def transfer_options(args: argparse.Namespace):
@@ -204,6 +205,9 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
                         "watch: on its first poll)")
     p.add_argument("--allow-failed-gate", action="store_true",
                    help="install a bundle whose signed manifest records a failed evaluation gate (a challenger)")
+    p.add_argument("--min-free", type=int, metavar="BYTES",
+                   help="refuse (check disk) before downloading unless the bundle and its unpacked copy leave BYTES "
+                        "free on the store's filesystem")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -305,7 +309,7 @@ def exit_code(e: Exception) -> int:
 
     if isinstance(e, RegistryUnavailable) or (isinstance(e, CheckFailed) and e.check in ("backoff", "lock")):
         return UNAVAILABLE
-    if isinstance(e, RegistryError) or not isinstance(e, CheckFailed):
+    if isinstance(e, RegistryError) or not isinstance(e, CheckFailed) or e.check == "disk":
         return ERROR
     return REFUSED
 

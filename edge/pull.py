@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from edge import bundle, crash
-from edge.errors import CheckFailed
+from edge.errors import CheckFailed, is_disk_full
+from edge.fetched import check_identity, unpack
 from edge.registry_client import (BundleRef, DownloadStats, RegistryClient, RegistryUnavailable, TransferOptions,
                                   parse_ref)
 from edge.signing import key_ids
@@ -56,6 +57,7 @@ class PullOptions:
     ignore_backoff: bool = False
     retry_failed: bool = False     # try a version again although its bundle (same digest) failed before
     allow_failed_gate: bool = False  # install a bundle whose signed manifest records a failed evaluation gate
+    min_free_bytes: Optional[int] = None  # refuse before downloading unless the bundle, unpacked, leaves this free
 
 
 @dataclass(frozen=True)
@@ -146,10 +148,10 @@ def rollback(root: Path, trusted: Iterable, version: Optional[str] = None) -> Pa
         return target
 
 
-def _check_backoff(store: DeviceStore, registry_url: str) -> None:
-    state = store.backoff_state()
-    if state and state.get("failures") and state.get("registry") == registry_url and time.time() < state["next_attempt"]:
-        wait = state["next_attempt"] - time.time()
+def _check_backoff(store: DeviceStore, registry_url: str, cap_s: float) -> None:
+    backing_off = store.backoff_left(registry_url, cap_s)
+    if backing_off:
+        wait, state = backing_off
         raise CheckFailed("backoff", f"registry {registry_url} was unavailable on the last {state['failures']} "
                                      f"attempt(s) ({state['last_error']}); backing off, next attempt in {wait:.0f} s "
                                      f"(current policy unchanged; --ignore-backoff to try now)")
@@ -162,7 +164,7 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
     store = DeviceStore(root)
     with store.locked():
         if not options.ignore_backoff:
-            _check_backoff(store, registry_url)
+            _check_backoff(store, registry_url, options.backoff_cap_s)
         client = RegistryClient(registry_url, options.transfer)
         try:
             try:
@@ -178,7 +180,8 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
                                           f"({current if current else 'none active'}); next attempt in "
                                           f"{max(0.0, state['next_attempt'] - time.time()):.1f} s", e.check) from None
         except CheckFailed as e:
-            if e.check not in ("backoff", "health") and not isinstance(e, RegistryUnavailable):  # health: journaled
+            if e.check not in ("backoff", "health", "store") and not isinstance(e, RegistryUnavailable):
+                # health: journaled by activate_checked; store: by the store's lock
                 _record_refusal(store, ref, e)
             raise
         store.clear_backoff()
@@ -186,12 +189,16 @@ def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target
 
 
 def _record_refusal(store: DeviceStore, ref: str, e: CheckFailed) -> None:
-    """Journal a refusal, unless the last event is the same refusal (a watch polling a bad version)."""
-    history = store.history()
-    last = history[-1] if history else {}
-    if (last.get("event"), last.get("ref"), last.get("check"), last.get("detail")) != ("refused", ref, e.check,
-                                                                                      e.detail):
-        store.record("refused", ref=ref, check=e.check, detail=e.detail)
+    """Journal a refusal, unless the last event is the same refusal (a watch polling a bad version) or the
+    store cannot be written (a disk still full, a link where the journal should be: the refusal is on stderr)."""
+    try:
+        history = store.history()
+        last = history[-1] if history else {}
+        if (last.get("event"), last.get("ref"), last.get("check"), last.get("detail")) != ("refused", ref, e.check,
+                                                                                          e.detail):
+            store.record("refused", ref=ref, check=e.check, detail=e.detail)
+    except (CheckFailed, OSError):
+        pass
 
 
 def _check_current(current: Path, trusted: Iterable) -> None:
@@ -247,6 +254,8 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleR
         if not options.retry_failed:
             _check_not_known_bad(store, target_ref, keys, options.allow_failed_gate)
         manifest = _stored_copy(store, installed, trusted)
+        if manifest is None and options.min_free_bytes is not None:
+            _check_room(store, target_ref, options.min_free_bytes)
         stats = None if manifest else client.download(target_ref, part, on_chunk=lambda n: crash.point("download"))
         try:
             return _install_activate(store, target_ref, part, staging, manifest, registry_url, trusted,
@@ -258,15 +267,23 @@ def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleR
         if not isinstance(e, RegistryUnavailable) and part.exists():
             part.unlink()  # refused: nothing kept (a transfer cut short keeps its part for a resume)
         raise
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        refusal = store.disk_full(e, f"installing {target_ref.policy} v{target_ref.version}")
+        if part.exists():
+            part.unlink()
+        raise refusal from None
     finally:
         store.discard(staging)
 
 
-def unpack(part: Path, dest: Path, ref: BundleRef, trusted: Iterable) -> dict:
-    """Authenticate the downloaded bundle ``part``, then extract its signed files into a new ``dest``
-    (bounded by the size the registry declared); returns its manifest."""
-    dest.mkdir()
-    return bundle.extract(part, dest, max_bytes=4 * ref.size + (1 << 20), trusted=trusted)
+def _check_room(store: DeviceStore, ref: BundleRef, min_free: int) -> None:
+    """Refuse (check ``disk``) a download that, with its unpacked copy, would leave less than ``min_free`` bytes."""
+    free = store.free_bytes()
+    if free - 2 * ref.size < min_free:
+        raise CheckFailed("disk", f"{ref.policy} v{ref.version} needs {2 * ref.size} bytes (download and unpacked "
+                                  f"copy) on {store.root}, which has {free} bytes free; --min-free {min_free}")
 
 
 def check_gate(manifest: dict, allow_failed_gate: bool) -> None:
@@ -277,13 +294,6 @@ def check_gate(manifest: dict, allow_failed_gate: bool) -> None:
         raise CheckFailed("gate", f"{m['name']} v{m['version']} failed its evaluation gate when it was packaged "
                                   f"(success rate {evaluation.get('success_rate')}, a challenger); "
                                   f"pull --allow-failed-gate installs it anyway")
-
-
-def check_identity(manifest: dict, ref: BundleRef) -> None:
-    """The bundle must be the policy version the registry said it is."""
-    if (manifest["policy"]["name"], str(manifest["policy"]["version"])) != (ref.policy, ref.version):
-        raise CheckFailed("manifest", f"bundle is {manifest['policy']['name']} v{manifest['policy']['version']}, "
-                                      f"registry said {ref.policy} v{ref.version}")
 
 
 def _install_activate(store: DeviceStore, target_ref: BundleRef, part: Path, staging: Path, manifest: Optional[dict],
@@ -328,7 +338,7 @@ def _repair(root: Path, registry_url: str, trusted: list, options: PullOptions) 
 
     store = DeviceStore(root)
     if not options.ignore_backoff:
-        _check_backoff(store, registry_url)
+        _check_backoff(store, registry_url, options.backoff_cap_s)
     try:
         report = repair(root, registry_url, trusted, options.transfer)
     except RegistryUnavailable:

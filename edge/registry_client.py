@@ -23,6 +23,15 @@ byte at a time cannot hold the agent (or the store's lock) longer than that (che
 
 Credentials: ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` (basic auth) or
 ``MLFLOW_TRACKING_TOKEN`` (bearer); never printed, never part of an error message.
+
+Redirects are followed only within the registry's origin (scheme, host and port of ``--registry``),
+through the same connections and under the same deadline; a redirect anywhere else (another host,
+port or scheme: ``ftp:``, ``file:``, ``data:``) is refused (check ``registry``) before anything is
+sent there, so credentials never leave the origin. The registry URL itself must be ``http`` or ``https``.
+
+JSON answers are read up to 4 MiB and parsed with bounded nesting (:data:`MAX_JSON_DEPTH`); an
+integer too long for any field the agent reads stays text, so the typed parsers refuse it
+(``registry``) instead of the JSON parser failing as if the answer were cut short.
 """
 
 from __future__ import annotations
@@ -51,6 +60,9 @@ TAG_PATH, TAG_SHA256, TAG_SIZE = "sim2edge.bundle.path", "sim2edge.bundle.sha256
 CHUNK = 1 << 16
 _TRANSIENT_HTTP = {408, 429, 500, 502, 503, 504}
 _ALIAS = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,254}")
+MAX_JSON_DEPTH = 32
+"""Nesting of objects and arrays in a registry answer (MLflow's are at most 4 deep)."""
+_MAX_INT_DIGITS = 19
 
 
 class RegistryUnavailable(CheckFailed):
@@ -201,8 +213,60 @@ class _Deadline:
         self._timer.cancel()
 
 
-def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
-    """urllib with connections whose sockets ``deadline`` can shut down (proxies and TLS as usual)."""
+def parse_json(data: bytes, what: str) -> object:
+    """``data`` as JSON, refused (check ``registry``) if nested deeper than :data:`MAX_JSON_DEPTH`; an integer
+    of more than 19 digits stays its text. Raises ``ValueError`` for bytes that are not JSON."""
+    try:
+        value = json.loads(data, parse_int=lambda t: int(t) if len(t) <= _MAX_INT_DIGITS else t)
+    except RecursionError:
+        value, depth = None, MAX_JSON_DEPTH + 1
+    else:
+        depth = json_depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise CheckFailed("registry", f"{what} is JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def json_depth(value: object) -> int:
+    """How deeply objects and arrays nest in a parsed JSON ``value`` (a scalar is 0); iterative."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def origin(url: str) -> Tuple[str, str, int]:
+    """(scheme, host, port) of an http(s) URL, the port made explicit; ("", "", 0) for a malformed one."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        return scheme, (parts.hostname or "").lower(), parts.port or (443 if scheme == "https" else 80)
+    except ValueError:  # a port that is not a number
+        return "", "", 0
+
+
+class _SameOrigin(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to ``allowed`` (the registry's origin); any other target is refused unsent."""
+
+    def __init__(self, allowed: Tuple[str, str, int]) -> None:
+        self.allowed = allowed
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        if origin(newurl) != self.allowed:
+            fp.close()
+            scheme, host, port = self.allowed
+            raise CheckFailed("registry", f"{redact(req.full_url)} redirected (HTTP {code}) to "
+                                          f"{shown(redact(newurl))}, outside the registry's origin "
+                                          f"{scheme}://{host}:{port}; not followed (credentials stay with the registry)")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _opener(deadline: _Deadline, allowed: Tuple[str, str, int]) -> urllib.request.OpenerDirector:
+    """urllib with connections whose sockets ``deadline`` can shut down (proxies and TLS as usual) and
+    redirects followed within ``allowed`` only."""
 
     class Connection(http.client.HTTPConnection):
         def connect(self) -> None:
@@ -223,7 +287,7 @@ def _opener(deadline: _Deadline) -> urllib.request.OpenerDirector:
             extra = {"check_hostname": self._check_hostname} if hasattr(self, "_check_hostname") else {}
             return self.do_open(TLSConnection, req, context=self._context, **extra)
 
-    return urllib.request.build_opener(Handler, TLSHandler)
+    return urllib.request.build_opener(Handler, TLSHandler, _SameOrigin(allowed))
 
 
 def redact(url: str) -> str:
@@ -243,6 +307,8 @@ class RegistryClient:
         if parts.username or parts.password:
             raise ValueError(f"put registry credentials in MLFLOW_TRACKING_USERNAME/PASSWORD, not in the URL "
                              f"{redact(base_url)}")
+        if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"registry URL {shown(base_url)} must be http://host[:port] or https://host[:port]")
         self.base = base_url.rstrip("/")
         self.options = options or TransferOptions()
         self._sleep = sleep
@@ -266,7 +332,7 @@ class RegistryClient:
         request = urllib.request.Request(url, data=data, method=method,
                                          headers=dict(self._headers(), **(headers or {})))
         try:
-            return _opener(deadline).open(request, timeout=max(0.001, min(self.options.timeout_s,
+            return _opener(deadline, origin(self.base)).open(request, timeout=max(0.001, min(self.options.timeout_s,
                                                                           deadline.remaining())))
         except urllib.error.HTTPError as e:
             try:
@@ -328,7 +394,7 @@ class RegistryClient:
             except (OSError, http.client.HTTPException) as e:
                 raise _Transient(f"registry {self.base} is unreachable (connection lost reading {path}: {e})") from None
             try:
-                return json.loads(answer) if answer.strip() else {}
+                return parse_json(answer, f"{self.base}'s answer to {path}") if answer.strip() else {}
             except ValueError:  # also a body cut by the deadline
                 raise _Transient(f"{self.base} answered {path} with {len(answer)} bytes that are not JSON") from None
 

@@ -23,7 +23,7 @@ from typing import Iterable, List, Optional
 
 from edge import bundle, crash
 from edge.errors import CheckFailed
-from edge.pull import check_identity, unpack
+from edge.fetched import check_identity, unpack
 from edge.registry_client import RegistryClient, RegistryUnavailable, TransferOptions
 from edge.store import DeviceStore, fsync_dir
 
@@ -49,9 +49,9 @@ def find_damaged(store: DeviceStore, trusted: Iterable) -> List[Damage]:
     trusted = list(trusted)
     current, previous = store.link("current"), store.link("previous")
     found = []
-    for policy_dir in sorted((store.root / "bundles").glob("*")):
-        for version in store.installed(policy_dir.name):
-            path = policy_dir / version
+    for policy in store.policies():
+        for version in store.installed(policy):
+            path = store.bundle_dir(policy, version)
             if path == current:
                 continue
             try:

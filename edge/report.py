@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Optional
 from edge import bundle
 from edge.errors import CheckFailed
 from edge.registry_client import RegistryClient, TransferOptions
-from edge.store import DeviceStore, write_atomic
+from edge.store import DeviceStore, seconds_left, write_atomic
 
 TAG_PREFIX = "sim2edge.device."
 CONTROL_PREFIX = "sim2edge.control."
@@ -114,7 +114,9 @@ class Reporter:
         try:
             mark = self._load()
             missed = int(mark.get("missed", 0))
-            if time.time() < float(mark.get("next_attempt", 0)):
+            now = time.time()
+            last = float(mark.get("last_attempt", now))
+            if seconds_left(last, float(mark.get("next_attempt", 0)), self.cap_s, now) and last <= now:
                 write_atomic(self.path, json.dumps(dict(mark, missed=missed + 1), sort_keys=True).encode())
                 return None
             state = dict(self.state(), missed_reports=missed)
@@ -125,7 +127,8 @@ class Reporter:
                 failures = int(mark.get("failures", 0)) + 1
                 delay = min(self.cap_s, self.base_s * 2 ** (failures - 1))
                 write_atomic(self.path, json.dumps({"failures": failures, "missed": missed + 1, "last_error": e.detail,
-                                                    "next_attempt": time.time() + delay}, sort_keys=True).encode())
+                                                    "last_attempt": now, "next_attempt": now + delay},
+                                                   sort_keys=True).encode())
                 print(f"{self.label}: state report failed ({e}); next try in {delay:.0f} s", file=sys.stderr,
                       flush=True)
                 return None

@@ -13,11 +13,19 @@
 Crash safety: a bundle directory appears by one rename of a complete, fsynced staging
 directory; links switch by rename over the old link; the journal tolerates a torn last line.
 Whatever a killed agent leaves in ``tmp/`` or as ``.*.tmp`` links is removed by the next one.
+
+Links: the store follows no symbolic link it did not make. ``current``, ``previous`` and their
+``.*.tmp`` forerunners are the only links it makes, and it only reads them (``readlink``) or
+replaces them. Every other path below the root (the lock, the journal, ``tmp/``, ``downloads/``,
+``bundles/<policy>/<version>``) is checked component by component with ``lstat`` before it is
+opened, renamed or deleted, and files are opened with ``O_NOFOLLOW``: a link there is refused
+(check ``store``) naming it, and nothing it points at is touched. The root itself may be a link.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -32,6 +40,30 @@ from typing import Iterator, List, Optional
 from edge import crash
 from edge.errors import CheckFailed
 from edge.values import VERSION, PolicyName, Sha256, Version
+
+
+def no_link(path: Path) -> Path:
+    """``path``, refused (check ``store``) if it is a symbolic link."""
+    if path.is_symlink():
+        raise CheckFailed("store", f"{path} is a symbolic link; the store follows no link it did not make")
+    return path
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` that refuses (check ``store``) a symbolic link at ``path`` instead of following it."""
+    try:
+        return os.open(str(path), flags | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckFailed("store", f"{path} is a symbolic link; the store follows no link it did not make") from None
+        raise
+
+
+def seconds_left(last: float, next_: float, cap_s: float, now: float) -> float:
+    """Seconds until an attempt planned for ``next_`` after one at ``last``, robust to the wall clock jumping:
+    a recorded time in the future counts as ``now``, and the wait is never longer than ``cap_s``."""
+    delay = min(max(next_ - last, 0.0), cap_s)
+    return max(0.0, min(last, now) + delay - now)
 
 
 def fsync_dir(path: Path) -> None:
@@ -49,9 +81,12 @@ def make_writable(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` by a rename of a fsynced temporary file."""
+    """Replace ``path`` with ``data`` by a rename of a fsynced temporary file (a link at ``path`` is replaced,
+    never followed)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-    with open(tmp, "wb") as f:
+    if tmp.is_symlink():
+        tmp.unlink()
+    with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
@@ -75,6 +110,8 @@ class DeviceStore:
         Every path the store builds from a value (policy, version, digest) goes through here, after the
         value itself was parsed (edge/values.py): two independent guards against leaving the store."""
         path = self.root.joinpath(*parts)
+        for depth in range(1, len(parts) + 1):
+            no_link(self.root.joinpath(*parts[:depth]))
         root, resolved = self.root.resolve(), path.resolve()
         if resolved != root and root not in resolved.parents:
             raise CheckFailed("store", f"{path} resolves to {resolved}, outside the store {root}")
@@ -85,24 +122,32 @@ class DeviceStore:
 
     def staging_dir(self) -> Path:
         """A fresh temporary directory on the store's filesystem."""
-        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(dir=str(self.root / "tmp")))
+        tmp = self.inside("tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=str(no_link(tmp))))
 
     def discard(self, staged: Path) -> None:
         """Remove a staging directory and whatever is in it (read-only files included)."""
+        if staged.is_symlink():
+            staged.unlink()
+            return
         make_writable(staged)
         shutil.rmtree(str(staged), ignore_errors=True)
 
     def download_part(self, sha256: str) -> Path:
         """Where the download of the bundle with digest ``sha256`` accumulates (kept across runs)."""
-        (self.root / "downloads").mkdir(parents=True, exist_ok=True)
+        self.inside("downloads").mkdir(parents=True, exist_ok=True)
         return self.inside("downloads", f"{Sha256.parse(sha256, check='store')}.part")
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Hold the store's lock; a second agent is refused rather than interleaved. Dies with the process."""
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(str(self.root / "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = open_nofollow(self.root / "lock", os.O_RDWR | os.O_CREAT)
+        except CheckFailed as e:
+            self._journal_link(e)
+            raise
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -111,18 +156,27 @@ class DeviceStore:
                 raise CheckFailed("lock", f"another sim2edge-agent (pid {holder}) holds {self.root / 'lock'}") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
-            self._clean_leftovers()
-            yield
+            try:
+                self._clean_leftovers()
+                yield
+            except CheckFailed as e:
+                self._journal_link(e)
+                raise
         finally:
             os.close(fd)
 
+    def _journal_link(self, e: CheckFailed) -> None:
+        """Journal a ``store`` refusal (a link planted in the store), unless the journal is the link."""
+        if e.check == "store":
+            with contextlib.suppress(CheckFailed, OSError):
+                self.record("refused", check=e.check, detail=e.detail)
+
     def _clean_leftovers(self) -> None:
         """Remove what a killed agent left behind: staging directories and half-made links (lock held)."""
-        tmp = self.root / "tmp"
+        tmp = self.inside("tmp")
         if tmp.is_dir():
             for leftover in tmp.iterdir():
-                make_writable(leftover)
-                shutil.rmtree(str(leftover), ignore_errors=True)
+                self.discard(leftover)
         for link in self.root.glob(".*.tmp"):
             if link.is_symlink():
                 link.unlink()
@@ -162,6 +216,22 @@ class DeviceStore:
                  "last_attempt": time.time(), "next_attempt": time.time() + delay}
         write_atomic(self.backoff_path, json.dumps(state, sort_keys=True).encode())
         return state
+
+    def backoff_left(self, registry: str, cap_s: float) -> Optional[tuple]:
+        """(seconds left, state) while pulls from ``registry`` back off (see :func:`seconds_left`), else None."""
+        state = self.backoff_state()
+        if not isinstance(state, dict) or not state.get("failures") or state.get("registry") != registry:
+            return None
+        try:
+            last, next_ = float(state["last_attempt"]), float(state["next_attempt"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        now = time.time()
+        left = seconds_left(last, next_, cap_s, now)
+        if last > now:  # recorded under a clock that ran ahead: from now on, count from now
+            state = dict(state, last_attempt=now, next_attempt=now + left)
+            write_atomic(self.backoff_path, json.dumps(state, sort_keys=True).encode())
+        return (left, state) if left > 0 else None
 
     def clear_backoff(self) -> None:
         """After a successful exchange with the registry: no failures. The file stays (the store's set of
@@ -206,6 +276,20 @@ class DeviceStore:
         failed = self.failed_versions()
         if failed.pop(f"{policy}/{version}", None) is not None:
             write_atomic(self.failed_path, json.dumps(failed, sort_keys=True).encode())
+
+    def disk_full(self, e: OSError, doing: str) -> CheckFailed:
+        """The refusal (check ``disk``) for ``e``, a full disk while ``doing``, naming the store and its free space."""
+        try:
+            free = f"{self.free_bytes()} bytes free"
+        except OSError:
+            free = "free space unknown"
+        where = f" ({e.filename})" if e.filename else ""
+        return CheckFailed("disk", f"no space left on the store's filesystem {self.root} while {doing}{where}: "
+                                   f"{free}; nothing was kept")
+
+    def free_bytes(self) -> int:
+        st = os.statvfs(str(self.root))
+        return st.f_bavail * st.f_frsize
 
     def link(self, name: str) -> Optional[Path]:
         """Where ``current`` or ``previous`` points, or None."""
@@ -259,7 +343,7 @@ class DeviceStore:
         """Append one event to the journal (fsynced)."""
         self.root.mkdir(parents=True, exist_ok=True)
         line = json.dumps(dict(time=time.time(), event=event, **fields), sort_keys=True)
-        with open(self.journal_path, "ab+") as f:
+        with os.fdopen(open_nofollow(self.journal_path, os.O_RDWR | os.O_APPEND | os.O_CREAT), "ab+") as f:
             torn = False
             if f.seek(0, os.SEEK_END) > 0:
                 f.seek(-1, os.SEEK_END)
@@ -270,10 +354,12 @@ class DeviceStore:
 
     def history(self) -> list:
         """Journal events, oldest first; a line torn by a crash is skipped."""
-        if not self.journal_path.exists():
+        if not os.path.lexists(str(self.journal_path)):
             return []
+        with os.fdopen(open_nofollow(self.journal_path, os.O_RDONLY), "rb") as f:
+            text = f.read().decode(errors="replace")
         events = []
-        for line in self.journal_path.read_text(errors="replace").splitlines():
+        for line in text.splitlines():
             try:
                 events.append(json.loads(line))
             except ValueError:
@@ -282,15 +368,22 @@ class DeviceStore:
 
     def installed(self, policy: str) -> list:
         """Installed versions of ``policy``, oldest first."""
-        base = self.root / "bundles" / policy
+        base = self.inside("bundles", PolicyName.parse(policy, check="store"))
         if not base.is_dir():
             return []
-        return sorted((p.name for p in base.iterdir() if p.is_dir() and VERSION.fullmatch(p.name)), key=int)
+        entries = [p for p in base.iterdir() if VERSION.fullmatch(p.name)]
+        return sorted((no_link(p).name for p in entries if p.is_symlink() or p.is_dir()), key=int)
+
+    def policies(self) -> list:
+        """Policies with a directory under ``bundles/`` (a link there is refused, check ``store``)."""
+        base = self.inside("bundles")
+        return sorted(no_link(p).name for p in base.iterdir()) if base.is_dir() else []
 
     def remove(self, bundle: Path) -> None:
         """Delete an installed bundle directory (never one that ``current`` or ``previous`` names)."""
         if bundle in (self.link("current"), self.link("previous")):
             raise ValueError(f"{bundle} is in use; not removed")
+        self.inside(*bundle.relative_to(self.root).parts)
         make_writable(bundle)
         shutil.rmtree(str(bundle))
         fsync_dir(bundle.parent)
@@ -299,14 +392,14 @@ class DeviceStore:
         """Delete all but the newest ``keep`` versions of each policy, never ``current`` or ``previous``."""
         pinned = {self.link("current"), self.link("previous")}
         removed = []
-        for policy_dir in sorted((self.root / "bundles").glob("*")):
-            versions = self.installed(policy_dir.name)
+        for policy in self.policies():
+            versions = self.installed(policy)
             for version in versions[: max(0, len(versions) - keep)]:
-                path = policy_dir / version
+                path = self.bundle_dir(policy, version)
                 if path in pinned:
                     continue
                 self.remove(path)
-                removed.append(f"{policy_dir.name}/{version}")
+                removed.append(f"{policy}/{version}")
         if removed:
             self.record("gc", removed=removed, keep=keep)
         return removed

@@ -37,7 +37,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from edge.store import fsync_dir
+from edge.store import DeviceStore, fsync_dir
 from edge.errors import CheckFailed
 from edge.registry_client import RegistryClient, RegistryError, TransferOptions
 from edge.values import ID, ArtifactPath, shown
@@ -61,7 +61,7 @@ class Recorder:
 
     def __init__(self, root: Path, obs_names: List[str], act_names: List[str], policy_version: str,
                  device_id: str, rows_per_file: int = 3000, cap_bytes: int = 256 << 20) -> None:
-        self.dir = Path(root) / "telemetry" / "pending"
+        self.dir = DeviceStore(Path(root)).inside("telemetry", "pending")  # a link there is refused
         self.dir.mkdir(parents=True, exist_ok=True)
         self.obs_names, self.act_names = obs_names, act_names
         self.policy_version, self.device_id = policy_version, device_id

@@ -136,7 +136,9 @@ class EngineCache:
         return p.read_bytes() if p.is_file() else None
 
     def put(self, key: EngineKey, plan: bytes) -> Path:
-        self.root.mkdir(parents=True, exist_ok=True)
+        from edge.store import no_link
+
+        no_link(self.root).mkdir(parents=True, exist_ok=True)  # the store's engines/: a link there is refused
         fd, tmp = tempfile.mkstemp(prefix=f".{key.filename}.", dir=str(self.root))
         try:
             with os.fdopen(fd, "wb") as f:

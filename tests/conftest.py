@@ -12,6 +12,8 @@ import pytest
 
 from flows.workspace import Workspace
 
+pytest_plugins = ["tests.agent_checks"]  # the device agent's refusal fixtures: keys, registry, sibling, active
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -4,7 +4,8 @@
 ``routes`` maps a request path (without the query) to the answer: a JSON-able value, or raw ``bytes``.
 Artifact downloads (``/api/2.0/mlflow-artifacts/artifacts/<path>``) get ``body``; ``drip_s`` sends it
 (or, with ``drip_headers``, the status line and headers) one byte every ``drip_s`` seconds.
-``log`` records (method, path) of every request.
+``redirects`` maps a request path to a ``Location`` it is answered with (HTTP 302) instead.
+``log`` records (method, path) of every request, ``headers`` each request's headers.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ def model_version(name: str, version: object, path: object, sha256: object, size
 
 
 class HostileRegistry:
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.routes: dict[str, object] = {}
+        self.redirects: dict[str, str] = {}
+        self.headers: list[dict[str, str]] = []
         self.body = b""
         self.drip_s = 0.0
         self.drip_headers = False
@@ -69,9 +72,16 @@ class HostileRegistry:
             def _answer(self) -> None:
                 path = urllib.parse.urlsplit(self.path).path
                 registry.log.append((self.command, path))
+                registry.headers.append(dict(self.headers.items()))
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
+                if path in registry.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", registry.redirects[path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if path.startswith(ARTIFACTS) and self.command == "GET":
                     return self._send(200, registry.body)
                 if path not in registry.routes:
@@ -81,9 +91,9 @@ class HostileRegistry:
 
             do_GET = do_POST = do_PUT = _answer
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer((host, 0), Handler)
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
