@@ -309,7 +309,12 @@ def up(
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
     ws = Workspace.from_env()
-    running = services.up(ws, host, prefect_port, mlflow_port)
+    try:
+        running = services.up(ws, host, prefect_port, mlflow_port)
+    except services.PortInUse as e:
+        _fail(str(e))
+    except services.ServiceError as e:
+        _fail(str(e), code=1)
     console.print(f"Prefect UI  http://{host}:{prefect_port}\nMLflow UI   http://{host}:{mlflow_port}\n"
                   f"workspace   {ws.home}\nCtrl-C stops both.")
     try:
