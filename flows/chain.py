@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from edge.runtime import OnnxRuntime
+from flows.gate import log_gate
 from flows.params import PipelineParams, PipelineSummary
 from flows.stage_tasks import (calibrate_stage, evaluate_shard, evaluate_stage, export_stage, metric_name,
                                package_and_register, timed, train_stage)
@@ -23,6 +24,7 @@ from stages.train import TrainConfig
 from stages.twin.calibrate import CalibrateConfig
 from stages.sim.params import PhysicalParams
 from stages.twin.evaluate import Champion, EvalConfig, Shard, shard_jobs
+from stages.twin.gate import Check
 
 
 def begin_pipeline(ws: Workspace, params: PipelineParams, run_name: str, tags: dict[str, str]) -> RunContext:
@@ -124,7 +126,8 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
                                                       seen.version if seen else None)
     summary = PipelineSummary(
         policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
-        mean_return=report.mean_return, gate_reasons=report.reasons, bundle_sha256=bundle.digest,
+        mean_return=report.mean_return, gate_reasons=report.reasons,
+        gate_checks=tuple(Check(**c) for c in json.loads(report.path.read_text())["checks"]), bundle_sha256=bundle.digest,
         mlflow_run_id=ctx.parent_run_id, tracking_uri=ctx.tracking_uri,
         pull_command=pull_command(params.policy_name, alias, ws, ctx.tracking_uri,
                                   () if report.passed else tuple(r for r in report.reasons if not r.startswith("pass"))),
@@ -154,8 +157,10 @@ def headline_metrics(s: PipelineSummary) -> dict[str, float]:
 
 
 def log_results(ctx: RunContext, s: PipelineSummary) -> None:
-    """The headline results on the pipeline's parent run: metrics, and the version and alias it made as tags."""
+    """The headline results on the pipeline's parent run: metrics, every gate clause (``gate.json``), and the
+    version and alias it made as tags."""
     log_metrics(ctx.client, ctx.parent_run_id, headline_metrics(s))
+    log_gate(ctx.client, ctx.parent_run_id, s.gate_checks)
     for k, v in {"sim2edge.model_version": s.version, "sim2edge.alias": s.alias, "sim2edge.model": s.policy}.items():
         ctx.client.set_tag(ctx.parent_run_id, k, v)
 

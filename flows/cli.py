@@ -42,16 +42,19 @@ def run(
         for err in e.errors():
             console.print(f"[red]error[/red]: {'.'.join(map(str, err['loc']))}: {err['msg']}")
         raise typer.Exit(2)
+    from flows.gate import verdict
     from flows.sim_to_edge import sim_to_edge
 
     start = time.perf_counter()
     s = sim_to_edge(params)
     table = Table(title=f"sim-to-edge {s.policy} ({time.perf_counter() - start:.0f} s)", show_header=False)
+    # 20 columns: the key column and the borders
     for k, v in [("model version", s.version), ("alias", s.alias), ("success rate", f"{s.success_rate:.2f}"),
-                 ("mean return", f"{s.mean_return:.1f}"), ("gate", "; ".join(s.gate_reasons)),
+                 ("mean return", f"{s.mean_return:.1f}"), ("gate", verdict(s.gate_checks, max(40, console.width - 20))),
                  ("bundle sha256", s.bundle_sha256), ("MLflow run", f"{s.mlflow_run_id} ({s.tracking_uri})")]:
         table.add_row(k, v)
     console.print(table)
+    console.print(f"Every gate clause: sim2edge gate show {s.mlflow_run_id}", markup=False, highlight=False)
     console.print("Pull it onto a device (with `sim2edge up` running):")
     console.print(s.pull_command, soft_wrap=True, markup=False, highlight=False)
 
@@ -309,7 +312,12 @@ def up(
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
     ws = Workspace.from_env()
-    running = services.up(ws, host, prefect_port, mlflow_port)
+    try:
+        running = services.up(ws, host, prefect_port, mlflow_port)
+    except services.PortInUse as e:
+        _fail(str(e))
+    except services.ServiceError as e:
+        _fail(str(e), code=1)
     console.print(f"Prefect UI  http://{host}:{prefect_port}\nMLflow UI   http://{host}:{mlflow_port}\n"
                   f"workspace   {ws.home}\nCtrl-C stops both.")
     try:
@@ -391,6 +399,36 @@ def targets(as_json: bool = typer.Option(False, "--json", help="Print the profil
         rows.append([p.name, p.module, p.jetpack, f"{d['l4t_min']} – <{d['l4t_max']}", p.tensorrt, str(p.max_opset),
                      p.python])
     print_listing(listing(["target", "module", "JetPack", "L4T", "TensorRT", "max opset", "Python"], rows))
+
+
+gate_app = typer.Typer(no_args_is_help=True, help="The evaluation gate of a run or registered version.")
+app.add_typer(gate_app, name="gate")
+
+
+@gate_app.command("show")
+def gate_show(ref: str = typer.Argument(..., help="A pipeline or evaluate run id, or NAME@ALIAS / NAME@VERSION.")) -> None:
+    """Every gate clause: verdict, scenario, check, value and the threshold it is held to; exits 1 when the gate
+    failed."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.gate import Clause, load_checks, resolve_run
+
+    client = MlflowClient(Workspace.from_env().tracking_uri())
+    try:
+        run_id = resolve_run(client, ref)
+        checks = load_checks(client, run_id)
+    except ValueError as e:
+        _fail(str(e))
+    clauses = [Clause.of(c) for c in checks]
+    failed = sum(not c.passed for c in clauses)
+    table = Table("verdict", "scenario", "check", "value", "threshold",
+                  title=f"gate of run {run_id}: {'FAIL' if failed else 'pass'} ({len(clauses) - failed}/{len(clauses)} pass)")
+    for c in clauses:
+        table.add_row(Text("pass", "green") if c.passed else Text("FAIL", "bold red"), c.scenario or "suite", c.check,
+                      c.value, c.threshold)
+    print_listing(table)
+    if failed:
+        raise typer.Exit(1)
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="Ed25519 signing keys: generate a pair, print the public key.")

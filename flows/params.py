@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from edge.targets import load_target
 from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
-from stages.twin.gate import GateConfig
+from stages.twin.gate import Check, GateConfig
 
 
 class PipelineParams(BaseModel):
@@ -79,6 +79,8 @@ class PipelineSummary(BaseModel):
     success_rate: float
     mean_return: float
     gate_reasons: tuple[str, ...]
+    gate_checks: tuple[Check, ...] = ()
+    """The same clauses, structured (the evaluation report's ``checks``)."""
     bundle_sha256: str
     mlflow_run_id: str
     tracking_uri: str

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,6 +22,66 @@ class Service:
     url: str
     health: str
     process: subprocess.Popen
+    log: Path
+
+
+class ServiceError(RuntimeError):
+    """A server of ``sim2edge up`` could not start; the message says which, why and where to look."""
+
+
+class PortInUse(ServiceError):
+    """A port ``sim2edge up`` needs is taken; nothing was started."""
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (as the servers bind: with SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def port_owner(port: int) -> str | None:
+    """``pid COMMAND`` of the process listening on TCP ``port``, best-effort from /proc (Linux); None if unknown."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{f[9]}]")
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                argv = (proc / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+                command = " ".join([Path(argv[0].decode()).name, *(a.decode() for a in argv[1:])])
+                return f"pid {proc.name} {command[:60]}"
+        except OSError:
+            continue
+    return None
+
+
+def check_ports(host: str, ports: dict[str, int]) -> None:
+    """Refuse, naming the option to change, a port that is taken or given twice (``ports``: option → port)."""
+    if len(set(ports.values())) < len(ports):
+        raise PortInUse(f"{' and '.join(ports)} are the same port ({next(iter(ports.values()))}); give each its own")
+    for option, port in ports.items():
+        if not port_free(host, port):
+            owner = port_owner(port)
+            raise PortInUse(f"port {port} on {host} is in use{f' ({owner})' if owner else ''}; pass {option}")
+
+
+def log_tail(log: Path, lines: int = 8) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
 
 
 def mlflow_command(ws: Workspace, host: str, port: int) -> list[str]:
@@ -38,9 +99,9 @@ def start(ws: Workspace, name: str, cmd: list[str], url: str, health: str, log: 
     # the UI's browser code calls the API at PREFECT_UI_API_URL (default: port 4200)
     env = dict(os.environ, PREFECT_HOME=str(ws.prefect_home), PREFECT_UI_API_URL=f"{url}/api")
     env.pop("PREFECT_API_URL", None)
-    out = open(log, "ab")
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Service(name, url, health, proc)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Service(name, url, health, proc, log)
 
 
 def wait_healthy(services: list[Service], timeout_s: float = 120) -> None:
@@ -49,12 +110,14 @@ def wait_healthy(services: list[Service], timeout_s: float = 120) -> None:
     while pending and time.monotonic() < deadline:
         for s in list(pending):
             if s.process.poll() is not None:
-                raise RuntimeError(f"{s.name} exited with code {s.process.returncode} (see its log)")
+                raise ServiceError(f"{s.name} exited with code {s.process.returncode} during start-up; "
+                                   f"the end of its log {s.log}:\n{log_tail(s.log)}")
             if healthy(s.url, s.health):
                 pending.remove(s)
         time.sleep(0.5)
     if pending:
-        raise RuntimeError(f"{', '.join(s.name for s in pending)} not healthy after {timeout_s:.0f} s")
+        raise ServiceError(f"{', '.join(s.name for s in pending)} not healthy after {timeout_s:.0f} s; "
+                           f"see {', '.join(str(s.log) for s in pending)}")
 
 
 def stop(services: list[Service], grace_s: float = 8.0) -> None:
@@ -72,7 +135,9 @@ def stop(services: list[Service], grace_s: float = 8.0) -> None:
 
 
 def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int) -> list[Service]:
-    """Start both servers, wait until healthy, and record their URLs in the workspace."""
+    """Start both servers, wait until healthy, and record their URLs in the workspace; a taken port is refused
+    (:class:`PortInUse`) before anything starts, a server that stops during start-up stops the other."""
+    check_ports(host, {"--mlflow-port": mlflow_port, "--prefect-port": prefect_port})
     logs = ws.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     ws.prefect_home.mkdir(parents=True, exist_ok=True)
