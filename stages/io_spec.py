@@ -40,6 +40,8 @@ class ObservationTerm(BaseModel):
     _unit = field_validator("unit")(_unit)
     low: float | None = Field(None, description="Expected range (documentation and parity inputs), not enforced.")
     high: float | None = None
+    source: Literal["command"] | None = Field(None, description="`command`: the robot's software provides it (a goal "
+                                                               "or command), no sensor measures it; unset: measured.")
 
 
 class ActionTerm(BaseModel):
@@ -116,7 +118,8 @@ class IOSpec(BaseModel):
         low, high = task.model.actuator_ctrlrange.T
         offsets = np.asarray(task.observation_offsets(), np.float64).tolist()
         return cls(task=task.name,
-                   observations=[ObservationTerm(name=o.name, unit=o.unit, offset=off or None)
+                   observations=[ObservationTerm(name=o.name, unit=o.unit, offset=off or None,
+                                                 source="command" if o.source == "command" else None)
                                  for o, off in zip(task.observations, offsets)],
                    actions=[ActionTerm(name=a.name, unit=a.unit, low=lo, high=hi, default=d, scale=s, gear=g)
                             for a, lo, hi, d, s, g in zip(task.actions, low.tolist(), high.tolist(),

@@ -1,4 +1,5 @@
-"""``arm6``: forward kinematics, reachable 3D targets that stay put, success, servo gain randomization."""
+"""``arm6``: forward kinematics, reachable 3D targets held as commands (a mocap body follows them), success, servo
+gain randomization."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import mujoco
 import numpy as np
 import pytest
 
-from stages.sim.arm6 import ARM, TARGET
 from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams, apply_params
 from stages.sim.registry import load
@@ -27,25 +27,33 @@ def test_fingertip_kinematics_match_mujoco(arm):
         np.testing.assert_allclose(arm.fingertip(q[None])[0], data.site("fingertip").xpos, atol=1e-12)
 
 
-def test_targets_are_reachable_3d_and_stay_put(arm):
-    qpos, qvel = arm.initial_state(np.random.default_rng(0), 500)
-    target = qpos[:, TARGET]
+def test_targets_are_reachable_3d_commands_that_stay_put_and_move_the_mocap_marker(arm):
+    target = arm.sample_commands(np.random.default_rng(0), 500)
     assert target[:, 2].min() >= arm.min_target_height and np.ptp(target, axis=0).min() > 0.5  # spread in x, y and z
-    assert np.linalg.norm(target - [0, 0, 0.2], axis=1).max() <= 0.3 + 0.25 + 0.08 + 0.06 + 0.07 + 1e-9  # within reach
-    env = BatchedEnv(arm, 4, seed=1)
-    start = env.qpos[:, TARGET].copy()
+    assert np.linalg.norm(target - [0, 0, 0.2], axis=1).max() <= 0.3 + 0.25 + 0.08 + 0.06 + 0.07 + 1e-5  # within reach
+    assert arm.model.nq == 6  # the target is not in the robot's state
+    env = BatchedEnv(arm, 4, seed=1, nthread=1)
+    start = env.command.copy()
+    assert np.ptp(start, axis=0).min() > 0  # one target per environment
+    rng = np.random.default_rng(2)
     for _ in range(arm.episode_steps - 1):
-        env.step(np.random.default_rng(2).uniform(-1, 1, (4, 6)))
-    np.testing.assert_allclose(env.qpos[:, TARGET], start, atol=1e-9)  # weightless, no contacts
+        env.step(rng.uniform(-1, 1, (4, 6)))
+        np.testing.assert_array_equal(env.command, start)
+        # the one thread's MjData last stepped env 3: its mocap marker sat at env 3's target
+        np.testing.assert_allclose(env._datas[0].mocap_pos[0], start[3], atol=1e-6)
+    env.step(rng.uniform(-1, 1, (4, 6)))  # the episodes end: new targets
+    assert not np.isclose(env.command, start).any(axis=1).all()
 
 
 def test_reaching_the_target_succeeds(arm):
     qpos, qvel = arm.initial_state(np.random.default_rng(0), 2)
-    qpos[0, TARGET] = arm.fingertip(qpos[:1])[0]
-    assert arm.succeeded(qpos, qvel).tolist() == [True, False]
-    obs = arm.observe(qpos, qvel)
+    command = arm.sample_commands(np.random.default_rng(1), 2)
+    command[0] = arm.fingertip(qpos[:1])[0]
+    assert arm.succeeded(qpos, qvel, command).tolist() == [True, False]
+    obs = arm.observe(qpos, qvel, command)
+    np.testing.assert_allclose(obs[:, 12:15], command)
     np.testing.assert_allclose(obs[0, -3:], 0.0, atol=1e-6)
-    assert arm.reward(qpos, qvel, np.zeros((2, 6)))[0] == pytest.approx(0.0, abs=1e-6)
+    assert arm.reward(qpos, qvel, np.zeros((2, 6)), command)[0] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_servo_gain_scales_stiffness_not_the_setpoint(arm):
@@ -60,4 +68,35 @@ def test_a_position_setpoint_is_reached(arm):
     action = np.array([[0.3, 0.2, -0.2, 0.4, -0.5, 0.3]])
     for _ in range(50):  # 1 s
         env.step(action)
-    np.testing.assert_allclose(env.qpos[0, ARM], arm.action_default + arm.action_scale * action[0], atol=0.08)
+    np.testing.assert_allclose(env.qpos[0], arm.action_default + arm.action_scale * action[0], atol=0.08)
+
+
+MARKER = """
+import json, numpy as np
+from stages.sim.gym_env import TaskEnv
+env = TaskEnv("arm6", render_mode="rgb_array")
+out = []
+for seed in (0, 1):
+    env.reset(seed=seed)
+    frame = env.render().astype(int)
+    green = (frame[..., 1] > 150) & (frame[..., 0] < 110) & (frame[..., 2] < 110)
+    out.append([int(green.sum()), *np.argwhere(green).mean(axis=0).tolist()])
+print(json.dumps(out))
+"""
+
+
+def test_the_target_marker_shows_where_the_goal_is_in_renders():
+    """In a child process: MuJoCo picks its GL backend at import."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", MARKER], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    (n0, *c0), (n1, *c1) = json.loads(done.stdout)
+    assert n0 > 5 and n1 > 5, "the target marker is not in the frame"  # 0 when the marker stays at its origin
+    assert np.abs(np.subtract(c0, c1)).max() > 3  # another goal, another place in the picture

@@ -52,8 +52,8 @@ def test_an_action_on_a_joint_without_actuator_is_refused(monkeypatch):
     base = Arm6().actions
 
     @dataclass(frozen=True)
-    class OnTarget(Arm6):
-        actions: tuple = (*base[:5], Term("wrist_flex", "rad", joint="target_x"))
+    class OnPole(CartPole):
+        actions: tuple = (Term("slide", "N", joint="hinge"),)
 
     @dataclass(frozen=True)
     class Unknown(Arm6):
@@ -63,7 +63,7 @@ def test_an_action_on_a_joint_without_actuator_is_refused(monkeypatch):
     class Swapped(Arm6):
         actions: tuple = (base[1], base[0], *base[2:])
 
-    fails(monkeypatch, OnTarget, "action term 'wrist_flex': joint 'target_x' has no actuator")
+    fails(monkeypatch, OnPole, "action term 'slide': joint 'hinge' has no actuator")
     fails(monkeypatch, Unknown, "action term 'wrist_flex': joint 'gripper' is not in arm6.xml")
     fails(monkeypatch, Swapped, "action term 'shoulder_lift' is number 0, but actuator 0 does not drive joint 'shoulder_lift'")
 

@@ -79,8 +79,15 @@ class BatchedEnv:
         self._state_out = np.zeros((num_envs, task.decimation, nstate))
         self._sens_out = np.zeros((num_envs, task.decimation, nominal.nsensordata))
         pushes = self.disturbance.push > 0
-        self._control_spec = mujoco.mjtState.mjSTATE_CTRL | (mujoco.mjtState.mjSTATE_QFRC_APPLIED if pushes else 0)
-        self._control = np.zeros((num_envs, task.decimation, nominal.nu + (nominal.nv if pushes else 0)))
+        # user inputs held over the control period, in mjtState order: ctrl, [qfrc_applied], [mocap_pos]
+        self._control_spec = (mujoco.mjtState.mjSTATE_CTRL | (mujoco.mjtState.mjSTATE_QFRC_APPLIED if pushes else 0)
+                              | (mujoco.mjtState.mjSTATE_MOCAP_POS if task.mocap else 0))
+        self._mocap_cols = slice(nominal.nu + (nominal.nv if pushes else 0),
+                                 nominal.nu + (nominal.nv if pushes else 0) + 3 * nominal.nmocap)
+        self._control = np.zeros((num_envs, task.decimation, self._mocap_cols.stop if task.mocap else self._mocap_cols.start))
+        self._mocap_pos = np.tile(nominal.body_pos[nominal.body_mocapid >= 0][np.argsort(
+            nominal.body_mocapid[nominal.body_mocapid >= 0])].ravel(), (num_envs, 1))
+        """(N, 3·nmocap) every mocap body's position; the task's ``mocap_body`` follows its commands."""
         self._push_force = push_basis(nominal, self.disturbance, task.name)
         self._push_phase = np.zeros(num_envs, dtype=np.int64)
         self._push_sign = np.ones((num_envs, len(self._push_force)))
@@ -92,6 +99,9 @@ class BatchedEnv:
         self._action_queue = np.zeros((max_latency, num_envs, self.nu), dtype=np.float32)
         self.last_action = np.zeros((num_envs, self.nu), dtype=np.float32)
         """The policy's latest (clipped) action; what ``observe`` of an ``action_history`` task sees."""
+        self.command = np.zeros((num_envs, len(task.commands)), dtype=np.float32)
+        """(N, len(task.commands)) each environment's current commands/goals (episode state beside the physics)."""
+        self._resample = np.array([c.resample_steps for c in task.commands], dtype=np.int64)
         self.episode_step = np.zeros(num_envs, dtype=np.int64)
         self.episode_return = np.zeros(num_envs)
         self.obs_noise = np.zeros(num_envs)
@@ -106,7 +116,7 @@ class BatchedEnv:
         return self.state[:, 1 + self.nq : 1 + self.nq + self.nv]
 
     _SNAPSHOT = ("state", "obs_bias", "_push_phase", "_push_sign", "_action_queue", "last_action", "episode_step",
-                 "episode_return", "obs_noise", "latency")
+                 "episode_return", "obs_noise", "latency", "command")
 
     def snapshot(self) -> dict:
         """Everything the next steps depend on (states, per-env physics, RNG), for an exact resume."""
@@ -142,6 +152,8 @@ class BatchedEnv:
             self.params[i] = p
             self.obs_noise[i] = p.obs_noise
             self.latency[i] = p.latency_steps
+        if self.task.commands:
+            self.command[idx] = self.task.sample_commands(self.rng, len(idx))
         self.state[idx] = 0.0
         self.state[idx, 1 : 1 + self.nq] = qpos
         self.state[idx, 1 + self.nq : 1 + self.nq + self.nv] = qvel
@@ -153,7 +165,7 @@ class BatchedEnv:
 
     def observe(self) -> np.ndarray:
         history = {"last_action": self.last_action} if self.task.action_history else {}
-        obs = self.task.observe(self.qpos, self.qvel, **history) + self.obs_bias
+        obs = self.task.observe(self.qpos, self.qvel, **history, **self.task.command_args(self.command)) + self.obs_bias
         if self.obs_noise.any():
             obs = obs + (self.rng.standard_normal(obs.shape) * self.obs_noise[:, None]).astype(np.float32)
         return obs
@@ -180,7 +192,9 @@ class BatchedEnv:
         self.last_action[:] = self._action_queue[0]
         self._control[:, :, : self.nu] = self._controls(self._action_queue)[:, None, :]
         if self.disturbance.push:
-            self._control[:, :, self.nu :] = self._push_forces()[:, None, :]
+            self._control[:, :, self.nu : self._mocap_cols.start] = self._push_forces()[:, None, :]
+        if self.task.mocap:
+            self._control[:, :, self._mocap_cols] = self.mocap_positions()[:, None, :]
         self._pool.rollout(
             self.models, self._datas, self.state, self._control, control_spec=self._control_spec,
             nstep=self.task.decimation, skip_checks=True, state=self._state_out, sensordata=self._sens_out,
@@ -188,11 +202,12 @@ class BatchedEnv:
         )
         self.state[:] = self._state_out[:, -1]
         qpos, qvel = self.qpos.copy(), self.qvel
-        reward = self.task.reward(qpos, qvel, self._action_queue[0], **history)
+        command = self.task.command_args(self.command.copy())
+        reward = self.task.reward(qpos, qvel, self._action_queue[0], **history, **command)
         # a NaN state terminates the episode (and would be reported by the caller)
         terminated = ~np.all(np.isfinite(self.state), axis=1)
         if self.terminate:
-            terminated |= self.task.terminated(qpos, qvel)
+            terminated |= self.task.terminated(qpos, qvel, **command)
         self.episode_step += 1
         self._check_finite("reward()", reward, self._all)
         self.episode_return += reward
@@ -202,7 +217,8 @@ class BatchedEnv:
         lengths = self.episode_step[done].copy()
         success = truncated[done] & (returns >= self.task.success_threshold)
         if done.any():
-            success &= self.task.succeeded(qpos[done], qvel[done])
+            success &= self.task.succeeded(qpos[done], qvel[done], **{k: v[done] for k, v in command.items()})
+        self._resample_commands(done)
         if done.any():
             final_obs = self.observe()[done]
             self._check_finite("", final_obs, np.flatnonzero(done))
@@ -227,6 +243,23 @@ class BatchedEnv:
             value = values[row, col[0]] if col else values[row]
             raise NonFiniteTerm(f"task {self.task.name!r}: {term} is {value} in env {i} at episode step "
                                 f"{self.episode_step[i]}, on a finite physics state and actions")
+
+    def _resample_commands(self, done: np.ndarray) -> None:
+        """Commands with ``resample_steps`` are drawn again every that many steps of a running episode."""
+        if not self._resample.any():
+            return
+        due = ((self.episode_step[:, None] % np.maximum(self._resample, 1)) == 0) & (self._resample > 0) & ~done[:, None]
+        envs = np.flatnonzero(due.any(axis=1))
+        if len(envs):
+            fresh = self.task.sample_commands(self.rng, len(envs))
+            self.command[envs] = np.where(due[envs], fresh, self.command[envs])
+
+    def mocap_positions(self) -> np.ndarray:
+        """(N, 3·nmocap) mocap body positions: the task's ``mocap_body`` at its commands, the others where the MJCF
+        puts them."""
+        index, cols = self.task.mocap
+        self._mocap_pos[:, 3 * index : 3 * index + 3] = self.command[:, cols]
+        return self._mocap_pos
 
     def _push_forces(self) -> np.ndarray:
         """(N, nv) this step's push: on for ``push_steps`` of every ``push_every`` steps, a random sign or direction

@@ -77,6 +77,8 @@ class TaskEnv(gym.Env[np.ndarray, np.ndarray]):
         self.nonfinite_actions = 0
         self._qpos = self.env.qpos[0].copy()
         """The state to render: the last step's, before the batched env's auto-reset."""
+        self._mocap = self._marks()
+        """Mocap body positions to render (a task's goal marker) in force during that step."""
         self._renderer: mujoco.Renderer | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
@@ -84,12 +86,13 @@ class TaskEnv(gym.Env[np.ndarray, np.ndarray]):
         self.env.rng = self.np_random  # gymnasium's seeded generator drives initial states, physics draws, noise
         obs = self.env.reset()[0]
         self.nonfinite_actions = 0
-        self._qpos = self.env.qpos[0].copy()
+        self._qpos, self._mocap = self.env.qpos[0].copy(), self._marks()
         return obs, {"nonfinite_actions": 0}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         a, bad = safe_actions(action, (self.task.act_dim,), self.task)
         self.nonfinite_actions += int(bad)
+        self._mocap = self._marks()
         r = self.env.step(a[None])
         self._qpos = r.qpos[0].copy()
         info: dict = {"nonfinite_actions": self.nonfinite_actions}
@@ -98,6 +101,9 @@ class TaskEnv(gym.Env[np.ndarray, np.ndarray]):
             obs = r.final_obs[0]
             info.update(episode_return=float(r.finished_returns[0]), is_success=bool(r.finished_success[0]))
         return obs, float(r.reward[0]), bool(r.terminated[0]), bool(r.truncated[0]), info
+
+    def _marks(self) -> np.ndarray | None:
+        return self.env.mocap_positions()[0].copy() if self.task.mocap else None
 
     def render(self) -> np.ndarray | None:
         """An RGB frame (height, width, 3) of the current state, with MuJoCo's offscreen renderer."""
@@ -113,6 +119,8 @@ class TaskEnv(gym.Env[np.ndarray, np.ndarray]):
             self._camera = mujoco.MjvCamera()
             mujoco.mjv_defaultFreeCamera(self.env.models[0], self._camera)
         self._data.qpos[:] = self._qpos
+        if self._mocap is not None:
+            self._data.mocap_pos[:] = self._mocap.reshape(-1, 3)
         mujoco.mj_forward(self.env.models[0], self._data)
         self._renderer.update_scene(self._data, self._camera)
         return self._renderer.render()

@@ -1,4 +1,4 @@
-"""What a task is: a robot MJCF plus its observation, action, reward and termination terms."""
+"""What a task is: a robot MJCF plus its commands, observation, action, reward and termination terms."""
 
 from __future__ import annotations
 
@@ -23,6 +23,22 @@ class Term:
     low: float = -np.inf
     high: float = np.inf
     """For an observation term: bounds its noise-free value always lies in (±inf where the task does not know)."""
+    source: str = "measured"
+    """For an observation term: ``measured`` (a sensor or joint reading of the robot) or ``command`` (given to the
+    policy by the robot's software: a goal or a command; its name is one of the task's :class:`Command` names)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """A per-episode command or goal (a reach target, a velocity command): not part of the physics state, held by
+    the environment beside it. Drawn by :meth:`Task.sample_commands` (uniform in [low, high] by default) at each
+    reset and, when ``resample_steps`` > 0, again every that many control steps of the episode."""
+
+    name: str
+    unit: str
+    low: float
+    high: float
+    resample_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -30,7 +46,8 @@ class Task:
     """Base class of every task. Subclasses set the fields and implement the vectorized terms.
 
     Shapes: ``qpos`` (N, nq), ``qvel`` (N, nv), ``action`` (N, nu) in [-1, 1]. A task with
-    ``action_history`` also gets ``last_action`` (N, nu) in ``observe`` and ``reward``.
+    ``action_history`` also gets ``last_action`` (N, nu) in ``observe`` and ``reward``; a task with
+    ``commands`` gets ``command`` (N, len(commands)) in ``observe``, ``reward``, ``terminated`` and ``succeeded``.
     """
 
     name: str
@@ -50,6 +67,13 @@ class Task:
     action_history: bool = False
     """``observe(qpos, qvel, last_action)`` gets the policy action just applied and ``reward(qpos, qvel, action,
     last_action)`` the one before it (zeros after a reset); the environment keeps them."""
+    commands: tuple[Command, ...] = ()
+    """Episode commands/goals; when declared, ``observe``, ``reward``, ``terminated`` and ``succeeded`` get them as
+    ``command`` (N, len(commands)), in this order."""
+    mocap_body: str = ""
+    """A mocap body of the MJCF that follows three commands (``mocap_commands``, world x, y, z in m): the goal made
+    visible in renders, without being in ``qpos``."""
+    mocap_commands: tuple[str, ...] = ()
 
     @cached_property
     def replayed_qpos(self) -> np.ndarray:
@@ -62,6 +86,20 @@ class Task:
             raise ValueError(f"task {self.name!r}: replayed joint {self.replayed_joints[ids.index(-1)]!r} "
                              f"is not in {self.mjcf.name}")
         return np.array([m.jnt_qposadr[i] for i in ids])
+
+    @cached_property
+    def mocap(self) -> tuple[int, np.ndarray] | None:
+        """(mocap index of ``mocap_body``, indices of its three commands), or None without one."""
+        if not self.mocap_body:
+            return None
+        body = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_BODY, self.mocap_body)
+        if body < 0 or self.model.body_mocapid[body] < 0:
+            raise ValueError(f"task {self.name!r}: mocap_body {self.mocap_body!r} is not a mocap body of {self.mjcf.name}")
+        names = [c.name for c in self.commands]
+        if len(self.mocap_commands) != 3 or any(c not in names for c in self.mocap_commands):
+            raise ValueError(f"task {self.name!r}: mocap_commands {self.mocap_commands!r} must name three of the "
+                             f"commands {names}")
+        return int(self.model.body_mocapid[body]), np.array([names.index(c) for c in self.mocap_commands])
 
     @cached_property
     def model(self) -> mujoco.MjModel:
@@ -138,6 +176,16 @@ class Task:
         """Keyword arguments of ``observe`` and ``reward`` besides the state: ``last_action`` zeros for ``n`` envs."""
         return {"last_action": np.zeros((n, self.act_dim), dtype=np.float32)} if self.action_history else {}
 
+    def sample_commands(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """(n, len(commands)) fresh commands: uniform in each command's [low, high]. Override for goals that must
+        be reachable; values must stay within [low, high]."""
+        low, high = np.array([[c.low, c.high] for c in self.commands]).reshape(-1, 2).T
+        return rng.uniform(low, high, (n, len(self.commands))).astype(np.float32)
+
+    def command_args(self, command: np.ndarray) -> dict[str, np.ndarray]:
+        """``{"command": command}`` for a task with commands, else nothing (its terms take no such argument)."""
+        return {"command": command} if self.commands else {}
+
     def validate(self) -> None:
         """Fail at registration with the offending term named."""
         m = self.model
@@ -158,6 +206,7 @@ class Task:
             if term.joint:
                 self._check_actuated(a, term)
         self._check_finite_model()
+        self._check_commands()
         self.mass_mask  # noqa: B018 - resolves the body names
         self.replayed_qpos  # noqa: B018 - resolves the joint names
         self._check_terms()
@@ -174,6 +223,24 @@ class Task:
         if m.actuator_trntype[a] != mujoco.mjtTrn.mjTRN_JOINT or m.actuator_trnid[a, 0] != joint:
             raise ValueError(f"task {self.name!r}: action term {term.name!r} is number {a}, but actuator {a} does not "
                              f"drive joint {term.joint!r} (action terms follow actuator order)")
+
+    def _check_commands(self) -> None:
+        """Commands are named once with a finite range; every ``command`` observation term names one."""
+        names = [c.name for c in self.commands]
+        for c in self.commands:
+            if names.count(c.name) > 1:
+                raise ValueError(f"task {self.name!r}: command {c.name!r} repeats")
+            if not (np.isfinite(c.low) and np.isfinite(c.high) and c.low <= c.high) or c.resample_steps < 0:
+                raise ValueError(f"task {self.name!r}: command {c.name!r} needs a finite range low <= high and "
+                                 f"resample_steps >= 0 (got [{c.low}, {c.high}], {c.resample_steps})")
+        for t in self.observations:
+            if t.source not in ("measured", "command"):
+                raise ValueError(f"task {self.name!r}: observation term {t.name!r}: source {t.source!r} is not "
+                                 f"'measured' or 'command'")
+            if t.source == "command" and t.name not in names:
+                raise ValueError(f"task {self.name!r}: observation term {t.name!r} is a command but the task "
+                                 f"declares no command of that name (commands: {names})")
+        self.mocap  # noqa: B018 - resolves the mocap body and its commands
 
     def _check_finite_model(self) -> None:
         """No NaN/Inf in the physical quantities of the MJCF (names the field and the element)."""
@@ -201,7 +268,14 @@ class Task:
             if np.shape(value) != shape:
                 raise ValueError(f"task {self.name!r}: {name} has shape {np.shape(value)}, expected {shape} (N, "
                                  f"{'nq' if 'qpos' in name else 'nv'})")
-        history = self.history(n)
+        rng = np.random.default_rng(0)
+        command = self.sample_commands(rng, n)
+        if self.commands:
+            low, high = np.array([c.low for c in self.commands]), np.array([c.high for c in self.commands])
+            if np.shape(command) != (n, len(self.commands)) or not ((command >= low) & (command <= high)).all():
+                raise ValueError(f"task {self.name!r}: sample_commands() gave shape {np.shape(command)} or values "
+                                 f"outside the commands' ranges; expected (N, {len(self.commands)}) within them")
+        history = {**self.history(n), **self.command_args(command)}
         obs = self.observe(qpos, qvel, **history)
         if np.shape(obs) != (n, self.obs_dim):
             raise ValueError(f"task {self.name!r}: observe() gave shape {np.shape(obs)}, expected (N, {self.obs_dim}) "
@@ -220,7 +294,7 @@ class Task:
         if not np.all(np.isfinite(reward)):
             raise ValueError(f"task {self.name!r}: reward() gave NaN/Inf at the initial state")
         for name in ("terminated", "succeeded"):
-            done = getattr(self, name)(qpos, qvel)
+            done = getattr(self, name)(qpos, qvel, **self.command_args(command))
             if np.shape(done) != (n,) or np.asarray(done).dtype != bool:
                 raise ValueError(f"task {self.name!r}: {name}() gave shape {np.shape(done)} dtype "
                                  f"{np.asarray(done).dtype}, expected (N,) bool")

@@ -36,6 +36,8 @@ class Episodes:
     latency_ms: np.ndarray
     """(T,) one observation → action through the runtime, timed in each control step; it drives episode 0."""
     qpos: np.ndarray
+    mocap: np.ndarray | None = None
+    """(T, N, 3·nmocap) mocap body positions in force during each step (a task's goal marker), or None."""
 
 
 def limited_joints(task: Task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -57,7 +59,7 @@ def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> Episodes:
     returns, success, fell, done = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
     steps, nan_actions, limit_steps = np.zeros(n, int), np.zeros(n, int), np.zeros(n, int)
     saturated, jerk = np.zeros(n), np.zeros(n)
-    latency, trajectory = [], []
+    latency, trajectory, marks = [], [], []
     previous = None
     obs = env.reset()
     for _ in range(task.episode_steps):
@@ -68,6 +70,8 @@ def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> Episodes:
         live = ~done
         bad = ~np.isfinite(ctrl).all(axis=1)
         action = np.clip((np.nan_to_num(ctrl) - task.action_default) / task.action_scale, -1.0, 1.0)
+        if task.mocap:
+            marks.append(env.mocap_positions().copy())
         r = env.step(action)
         steps[live] += 1
         nan_actions[live & bad] += 1
@@ -90,4 +94,5 @@ def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> Episodes:
             break
     return Episodes(returns=returns, success=success, fell=fell, steps=steps, nan_actions=nan_actions,
                     limit_steps=limit_steps, saturated=saturated / np.maximum(steps, 1),
-                    smoothness=jerk / np.maximum(steps - 1, 1), latency_ms=np.array(latency), qpos=np.stack(trajectory))
+                    smoothness=jerk / np.maximum(steps - 1, 1), latency_ms=np.array(latency), qpos=np.stack(trajectory),
+                    mocap=np.stack(marks) if marks else None)

@@ -61,6 +61,8 @@ class Trajectory(BaseModel):
     episode: int
     episode_return: float
     qpos: list[list[float]]
+    mocap: list[list[float]] | None = None
+    """Mocap body positions per step (the task's goal marker), when the task has one."""
 
 
 class Shard(BaseModel):
@@ -100,7 +102,8 @@ def run_shard(job: ShardJob, task_ref: str, params: PhysicalParams) -> Shard:
 
     def trajectory(i: int) -> Trajectory:
         return Trajectory(scenario=job.scenario.name, seed=job.seed, episode=i, episode_return=float(e.returns[i]),
-                          qpos=e.qpos[: e.steps[i], i].tolist())
+                          qpos=e.qpos[: e.steps[i], i].tolist(),
+                          mocap=None if e.mocap is None else e.mocap[: e.steps[i], i].tolist())
 
     return Shard(scenario=job.scenario.name, returns=tuple(e.returns.tolist()), success=tuple(e.success.tolist()),
                  fell=tuple(e.fell.tolist()), steps=tuple(e.steps.tolist()), nan_actions=tuple(e.nan_actions.tolist()),

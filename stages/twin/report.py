@@ -72,7 +72,7 @@ def write(report: dict, task_ref: str, videos: list, out_dir: Path, champion: Op
     clips = []
     for title, traj in videos:
         gif = out_dir / f"{title.split()[0]}.gif"
-        why = video.render(task_ref, traj.qpos, gif, report["control_period_s"])
+        why = video.render(task_ref, traj.qpos, gif, report["control_period_s"], mocap=traj.mocap)
         caption = f"{title}: scenario {traj.scenario}, seed {traj.seed}, episode {traj.episode}, return {traj.episode_return:.1f}"
         clips.append(f"<figure><figcaption>{html.escape(caption)}</figcaption>"
                      + (f"<p class=novideo>No video: {html.escape(why)}</p>" if why else

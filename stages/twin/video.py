@@ -17,10 +17,12 @@ MAX_FRAMES = 30
 SIZE = (180, 240)  # height, width
 
 
-def render(task_ref: str, qpos: list[list[float]], out: Path, period_s: float, timeout_s: float = 120) -> str | None:
-    """Write ``out`` (a GIF); return None, or why no video could be made (no GL, for instance)."""
+def render(task_ref: str, qpos: list[list[float]], out: Path, period_s: float, timeout_s: float = 120,
+           mocap: list[list[float]] | None = None) -> str | None:
+    """Write ``out`` (a GIF) of the joint positions ``qpos`` (and mocap bodies at ``mocap``, e.g. a goal marker);
+    return None, or why no video could be made (no GL, for instance)."""
     spec = out.with_suffix(".json")
-    spec.write_text(json.dumps(qpos))
+    spec.write_text(json.dumps({"qpos": qpos, "mocap": mocap}))
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     try:
         done = subprocess.run([sys.executable, "-m", "stages.twin.video", task_ref, str(spec), str(out), str(period_s)],
@@ -45,15 +47,19 @@ def _main(task_ref: str, spec: str, out: str, period_s: str) -> None:
 
     model = load(task_ref).model
     data = mujoco.MjData(model)
-    qpos = np.asarray(json.loads(Path(spec).read_text()))
+    frames_in = json.loads(Path(spec).read_text())
+    qpos = np.asarray(frames_in["qpos"])
+    mocap = np.asarray(frames_in["mocap"]) if frames_in["mocap"] is not None else np.zeros((len(qpos), 0))
     stride = max(1, -(-len(qpos) // MAX_FRAMES))
     camera = mujoco.MjvCamera()
     mujoco.mjv_defaultFreeCamera(model, camera)
     camera.distance *= 0.9
     frames = []
     with mujoco.Renderer(model, *SIZE) as renderer:
-        for q in qpos[::stride]:
+        for q, marks in zip(qpos[::stride], mocap[::stride] if len(mocap) else [None] * len(qpos[::stride])):
             data.qpos[:] = q
+            if marks is not None:
+                data.mocap_pos[:] = marks.reshape(-1, 3)
             mujoco.mj_forward(model, data)
             renderer.update_scene(data, camera)
             frames.append(Image.fromarray(renderer.render()))
