@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test up browser docker
+.PHONY: setup run test up browser docker docs
 
 setup: $(STAMP)
 
@@ -34,3 +34,7 @@ docker:
 
 test: setup browser docker
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+# The reference in docs/ (MkDocs, Material theme) into site/; --strict fails on a broken link, anchor or nav entry.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site

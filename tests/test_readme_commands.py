@@ -1,5 +1,5 @@
-"""Every ``sim2edge`` and ``sim2edge-agent`` command the README shows parses with the real CLIs, every model it names
-is a name the pipeline registers, and the quick read-only ones run.
+"""Every ``sim2edge`` and ``sim2edge-agent`` command the README and the reference in ``docs/`` show parses with the
+real CLIs, every model they name is a name the pipeline registers, and the quick read-only ones run.
 
 Commands come from the fenced shell blocks (continuations joined, comments dropped) and from inline code spans.
 Placeholders stay as written (``URL``, ``FILE``); ``[--opt X]`` is checked as ``--opt X``, ``a|b`` as ``a``, ``cmd | grep x`` as ``cmd``.
@@ -22,11 +22,13 @@ from flows import cli
 from flows.params import PipelineParams
 from stages.sim.registry import names
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+REPO = Path(__file__).resolve().parent.parent
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+"""The front page and every reference page."""
 PROGRAMS = ("sim2edge", "sim2edge-agent")
 SHELL_OPERATORS = {"|", "||", "&&", ";", ">", ">>", "2>&1"}
 ABSENT = {"sim2edge export --engine"}
-"""Commands the README says do not exist yet; they must not parse (else the README is out of date)."""
+"""Commands the docs say do not exist yet; they must not parse (else the docs are out of date)."""
 RUN_HERE = {("tasks",), ("targets",)}
 """Read-only and quick: run for real, not only parsed."""
 
@@ -35,15 +37,15 @@ def shell_lines(text: str) -> list[tuple[int, str]]:
     """(line number, command) of the fenced ``bash``/``sh``/``console``/``shell`` blocks."""
     found, block, start, pending = [], False, 0, ""
     for n, line in enumerate(text.splitlines(), 1):
-        if line.startswith("```"):
-            block = not block and line[3:].strip() in ("bash", "sh", "console", "shell")
+        if line.lstrip().startswith("```"):  # a fence may be indented (inside a list item)
+            block = not block and line.lstrip()[3:].strip() in ("bash", "sh", "console", "shell")
             continue
         if not block:
             continue
         line = re.sub(r"(^|\s)#.*$", "", line).rstrip()
         if not pending:
             start = n
-        pending += line.removeprefix("$ ")
+        pending += (line if pending else line.strip()).removeprefix("$ ")
         if pending.endswith("\\"):
             pending = pending[:-1] + " "
             continue
@@ -59,9 +61,15 @@ def inline_commands(text: str) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, m.start()) + 1, " ".join(m.group(1).split())) for m in spans]
 
 
-def commands() -> list[tuple[int, str, list[str], bool]]:
-    """(line, as written, argv, whether fenced) of every sim2edge/sim2edge-agent command in the README."""
-    text = README.read_text()
+def commands() -> list[tuple[str, str, list[str], bool]]:
+    """(file:line, as written, argv, whether fenced) of every sim2edge/sim2edge-agent command in the pages."""
+    found = []
+    for page in PAGES:
+        found += page_commands(page.read_text(), page.relative_to(REPO).as_posix())
+    return found
+
+
+def page_commands(text: str, name: str) -> list[tuple[str, str, list[str], bool]]:
     found = []
     for fenced, listed in ((True, shell_lines(text)), (False, inline_commands(text))):
         for line, command in listed:
@@ -70,7 +78,7 @@ def commands() -> list[tuple[int, str, list[str], bool]]:
             argv = argv[:cut[0]] if cut else argv  # the first command of a pipeline or list
             argv[0] = argv[0].removeprefix(".venv/bin/")
             if argv[0] in PROGRAMS:
-                found.append((line, command, [argv[0]] + [a.split("|")[0] for a in argv[1:]], fenced))
+                found.append((f"{name}:{line}", command, [argv[0]] + [a.split("|")[0] for a in argv[1:]], fenced))
     return found
 
 
@@ -78,7 +86,7 @@ COMMANDS = commands()
 MODEL_NAMES = {PipelineParams(task=t).policy_name for t in names()}
 
 
-def test_the_readme_shows_commands_of_both_programs():
+def test_the_docs_show_commands_of_both_programs():
     programs = {argv[0] for _, _, argv, _ in COMMANDS}
     assert programs == set(PROGRAMS) and len(COMMANDS) >= 20, COMMANDS
 
@@ -116,7 +124,7 @@ def parse_agent(args: list[str], whole: bool) -> None:
     parser.parse_args(args)
 
 
-@pytest.mark.parametrize("line,command,argv,fenced", COMMANDS, ids=[f"README:{n}" for n, *_ in COMMANDS])
+@pytest.mark.parametrize("line,command,argv,fenced", COMMANDS, ids=[n for n, *_ in COMMANDS])
 def test_readme_command_parses_and_names_registered_models(line, command, argv, fenced, capsys):
     args = argv[1:]
     if command in ABSENT:
@@ -126,11 +134,11 @@ def test_readme_command_parses_and_names_registered_models(line, command, argv, 
     if "--help" in args or not args:
         if argv[0] == "sim2edge":
             r = CliRunner().invoke(cli.app, args or ["--help"])
-            assert r.exit_code == 0, f"README line {line}: `{command}` exits {r.exit_code}: {r.output[-500:]}"
+            assert r.exit_code == 0, f"{line}: `{command}` exits {r.exit_code}: {r.output[-500:]}"
         else:
             with pytest.raises(SystemExit) as e:
                 agent_cli.parser().parse_args(args or ["--help"])
-            assert e.value.code == 0, f"README line {line}: `{command}`"
+            assert e.value.code == 0, f"{line}: `{command}`"
         return
     try:
         if argv[0] == "sim2edge":
@@ -138,18 +146,18 @@ def test_readme_command_parses_and_names_registered_models(line, command, argv, 
         else:
             parse_agent(args, whole=fenced)
     except ValueError as e:
-        pytest.fail(f"README line {line}: `{command}` does not parse: {e}")
+        pytest.fail(f"{line}: `{command}` does not parse: {e}")
     except SystemExit:
-        pytest.fail(f"README line {line}: `{command}` does not parse: {capsys.readouterr().err.strip()[-300:]}")
+        pytest.fail(f"{line}: `{command}` does not parse: {capsys.readouterr().err.strip()[-300:]}")
     for ref in (a for a in args if re.fullmatch(r"[\w.-]+@\w+", a)):
         name = ref.split("@")[0]
-        assert name in MODEL_NAMES, f"README line {line}: `{command}` names model {name!r}; the pipeline registers {sorted(MODEL_NAMES)}"
+        assert name in MODEL_NAMES, f"{line}: `{command}` names model {name!r}; the pipeline registers {sorted(MODEL_NAMES)}"
 
 
 @pytest.mark.parametrize("args", sorted(RUN_HERE))
 def test_readme_read_only_commands_run(args):
     shown = {tuple(argv[1:]) for _, _, argv, _ in COMMANDS}
-    assert args in shown, f"the README no longer shows `sim2edge {' '.join(args)}`"
+    assert args in shown, f"neither the README nor docs/ shows `sim2edge {' '.join(args)}`"
     r = CliRunner().invoke(cli.app, list(args))
     assert r.exit_code == 0 and r.output.strip(), r.output
 
