@@ -41,10 +41,10 @@ def velocity_tracking(actor: torch.nn.Module | None, task: Task, episodes: int =
         for _ in range(task.episode_steps - 1):
             action = (np.zeros((episodes, task.act_dim), np.float32) if actor is None else
                       actor(TensorDict({"policy": torch.from_numpy(obs)}, batch_size=[episodes])).clamp(-1, 1).numpy())
+            command = env.command.copy()  # the one in force during this step
             r = env.step(action)
-            alive &= ~task.terminated(env.qpos, env.qvel)
+            alive &= ~task.terminated(env.qpos, env.qvel, **env.inputs())
             lin, ang, _ = task.base(env.qpos, env.qvel)
-            command = env.qpos[:, task.command_qpos]
             lin_err.append(np.linalg.norm(command[:, :2] - lin[:, :2], axis=1)[alive])
             yaw_err.append(np.abs(command[:, 2] - ang[:, 2])[alive])
             obs = r.obs
@@ -95,7 +95,7 @@ def main() -> None:
         pass
     print(f"checkpoint: {out / 'model.pt'} (every {cfg.checkpoint_every} iterations)")
     task = load(args.task)
-    if hasattr(task, "command_qpos") and (out / "model.pt").exists():
+    if hasattr(task, "base") and (out / "model.pt").exists():
         for name, actor in (("standing still", None), ("trained policy", load_actor(out / "model.pt"))):
             lin, yaw, fell = velocity_tracking(actor, task)
             print(f"velocity tracking, {name:14s}: |v_xy error| {lin:.3f} m/s, |yaw-rate error| {yaw:.3f} rad/s, "

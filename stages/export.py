@@ -47,6 +47,25 @@ class ExportConfig(BaseModel):
     seed: int = 0
 
 
+class PrivilegedInput(ValueError):
+    """The actor to export reads a simulator-only (privileged) term that no robot can provide."""
+
+
+def check_actor_inputs(spec: IOSpec, n_inputs: int, task_ref: str | None) -> None:
+    """Refuse an actor whose inputs are not exactly the task's non-privileged observation terms."""
+    try:
+        privileged = {t.name for t in load(task_ref or spec.task).privileged}
+    except KeyError:  # an imported policy's own task, not registered here: no privileged terms known
+        privileged = set()
+    read = [o.name for o in spec.observations if o.name in privileged]
+    if read:
+        raise PrivilegedInput(f"export: the actor reads privileged (simulator-only) term(s) {read} of task "
+                              f"{task_ref or spec.task!r}; only the critic may see them")
+    if n_inputs != spec.obs_dim:
+        raise PrivilegedInput(f"export: the actor takes {n_inputs} inputs but task {task_ref or spec.task!r} has "
+                              f"{spec.obs_dim} observation terms (a critic-only term among its inputs?)")
+
+
 class ParityError(RuntimeError):
     """ONNX Runtime disagrees with torch beyond tolerance."""
 
@@ -124,6 +143,7 @@ def export_module(cfg: ExportConfig, module: torch.nn.Module, mean: np.ndarray, 
     """Export ``module`` ((B, obs) → (B, act) in actuator units, as ``spec`` describes) with its contract in the
     metadata, and check it against torch on parity inputs drawn around the observation statistics ``mean``/``std``.
     ``task_ref``: the task reference recorded on the artifact (default ``spec.task``)."""
+    check_actor_inputs(spec, len(mean), task_ref)
     rng = np.random.default_rng(cfg.seed)
     with atomic_dir(out_dir) as tmp:
         onnx_path = tmp / "policy.onnx"

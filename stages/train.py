@@ -82,6 +82,7 @@ class RslRlEnv(VecEnv):
         self.device = "cpu"
         self.cfg = {"task": env.task.name}
         self._obs = env.observe()
+        self._privileged = env.privileged() if env.task.privileged else None
         self.finished_returns: list[float] = []
         self.finished_success: list[bool] = []
         self.finished_lengths: list[int] = []
@@ -92,14 +93,21 @@ class RslRlEnv(VecEnv):
     def restore(self, snap: dict) -> None:
         self.env.restore(snap["env"])
         self._obs = snap["obs"].copy()
+        self._privileged = self.env.privileged() if self.env.task.privileged else None
         self.episode_length_buf = torch.from_numpy(self.env.episode_step.copy())
 
     def get_observations(self) -> TensorDict:
-        return TensorDict({"policy": torch.from_numpy(self._obs)}, batch_size=[self.num_envs])
+        """``policy``: what the actor (and the device) sees; ``privileged``: the critic's simulator-only terms."""
+        groups = {"policy": torch.from_numpy(self._obs)}
+        if self._privileged is not None:
+            groups["privileged"] = torch.from_numpy(self._privileged)
+        return TensorDict(groups, batch_size=[self.num_envs])
 
     def step(self, actions: torch.Tensor):
         r = self.env.step(actions.numpy())
         self._obs = r.obs
+        if self._privileged is not None:
+            self._privileged = self.env.privileged()
         self.finished_returns.extend(r.finished_returns.tolist())
         self.finished_success.extend(r.finished_success.tolist())
         self.finished_lengths.extend(r.finished_lengths.tolist())
@@ -109,12 +117,13 @@ class RslRlEnv(VecEnv):
         return self.get_observations(), torch.from_numpy(r.reward), dones, extras
 
 
-def rsl_rl_config(cfg: TrainConfig) -> dict:
-    """The rsl_rl training config dict for ``cfg``."""
+def rsl_rl_config(cfg: TrainConfig, privileged: bool = False) -> dict:
+    """The rsl_rl training config dict for ``cfg``; with ``privileged`` terms the critic also sees them (asymmetric
+    actor-critic), the actor never."""
     model = {"class_name": "MLPModel", "hidden_dims": list(cfg.hidden_dims), "activation": "elu", "obs_normalization": True}
     return {
         "num_steps_per_env": cfg.steps_per_env,
-        "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+        "obs_groups": {"actor": ["policy"], "critic": ["policy", "privileged"] if privileged else ["policy"]},
         "actor": {**model, "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": cfg.init_noise_std}},
         "critic": model,
         "algorithm": {
@@ -134,7 +143,8 @@ def rsl_rl_config(cfg: TrainConfig) -> dict:
 
 def build_algorithm(cfg: TrainConfig, vec_env: RslRlEnv) -> PPO:
     """Construct rsl_rl's PPO (actor, critic, storage) for ``vec_env``."""
-    return PPO.construct_algorithm(vec_env.get_observations(), vec_env, rsl_rl_config(cfg), "cpu")
+    return PPO.construct_algorithm(vec_env.get_observations(), vec_env,
+                                   rsl_rl_config(cfg, bool(vec_env.env.task.privileged)), "cpu")
 
 
 EVAL_SEED = 7_000_000

@@ -38,19 +38,32 @@ def test_observation_is_the_classic_48_term_layout(quad):
     qpos, qvel = quad.initial_state(np.random.default_rng(0), 1)
     qpos[0, 3:7] = (np.cos(np.pi / 4), 0, 0, np.sin(np.pi / 4))  # facing world +y
     qvel[0, :6] = (1.0, 0.0, 0.0, 0.0, 0.0, 0.5)  # moving along world +x, yawing
-    obs = quad.observe(qpos, qvel, np.zeros((1, 12), np.float32))[0]
+    command = np.array([[0.5, -0.2, 0.3]], np.float32)
+    obs = quad.observe(qpos, qvel, np.zeros((1, 12), np.float32), command,
+                       quad.readings(quad.sensordata_at(qpos, qvel)))[0]
     np.testing.assert_allclose(obs[:9], [0, -1, 0, 0, 0, 0.5, 0, 0, -1], atol=1e-6)  # body frame: sideways, to the right
+    np.testing.assert_allclose(obs[9:12], command[0])
+
+
+def test_the_io_contract_marks_the_command_and_the_critic_sees_the_height(quad):
+    terms = IOSpec.from_task(quad).manifest_io("obs", "action")["input"]["terms"]
+    assert [t["name"] for t in terms if t.get("source") == "command"] == ["command_vx", "command_vy",
+                                                                          "command_yaw_rate"]
+    assert "torso_height" not in [t["name"] for t in terms] and len(terms) == 48
+    env = BatchedEnv(quad, 3, seed=0)
+    np.testing.assert_allclose(env.privileged()[:, 0], env.qpos[:, 2], rtol=1e-6)
 
 
 def test_standing_still_neither_falls_nor_drifts(quad):
     env = BatchedEnv(quad, 8, seed=0)
-    command = env.qpos[:, quad.command_qpos].copy()
-    assert np.all((command >= quad.command_low) & (command <= quad.command_high))
+    command = env.command.copy()
+    low, high = np.array([[c.low, c.high] for c in quad.commands]).T
+    assert np.all((command >= low) & (command <= high)) and np.ptp(command, axis=0).min() > 0
     falls = 0
     for _ in range(quad.episode_steps - 1):
         falls += env.step(np.zeros((8, 12))).terminated.sum()
     assert falls == 0 and np.all(env.qpos[:, 2] > 0.25)
-    np.testing.assert_allclose(env.qpos[:, quad.command_qpos], command, atol=1e-9)  # one command per episode
+    np.testing.assert_array_equal(env.command, command)  # one command per episode
 
 
 def test_last_action_is_observed_and_cleared_on_reset(quad):
@@ -65,7 +78,7 @@ def test_a_tipped_torso_is_a_fall(quad):
     qpos, qvel = quad.initial_state(np.random.default_rng(0), 3)
     qpos[1, 2] = 0.1  # torso on the ground
     qpos[2, 3:7] = (np.cos(0.6), np.sin(0.6), 0, 0)  # rolled 1.2 rad
-    assert quad.terminated(qpos, qvel).tolist() == [False, True, True]
+    assert quad.terminated(qpos, qvel, np.zeros((3, 3)), {}).tolist() == [False, True, True]
 
 
 def constant_onnx(path: Path, ctrl: np.ndarray) -> Path:

@@ -122,3 +122,67 @@ def test_malformed_commands_are_named(monkeypatch):
     fails(monkeypatch, OutOfRange, r"sample_commands\(\) gave shape \(2, 1\) or values outside the commands' ranges")
     fails(monkeypatch, NotMocap, "mocap_body 'link1' is not a mocap body of arm6.xml")
     fails(monkeypatch, WrongMocapCommands, r"mocap_commands \('target_x', 'target_y'\) must name three")
+
+
+# -- sensors, per-sensor noise and latency, privileged terms ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class SlowSensors(CartPole):
+    """The cart position arrives two control steps late; the pole's rate carries its own noise."""
+
+    name: str = "slow_sensors"
+    observations: tuple = (Term("cart_pos", "m", delay_steps=2), *CartPole().observations[1:4],
+                           Term("pole_angvel", "rad/s", noise=0.5))
+
+
+def test_a_sensor_delay_and_its_own_noise_act_on_that_term_only(monkeypatch):
+    monkeypatch.setitem(registry._FACTORIES, "slow_sensors", SlowSensors)
+    monkeypatch.delitem(registry._BUILT, "slow_sensors", raising=False)
+    task = registry.load("slow_sensors")
+    env = BatchedEnv(task, 64, seed=0, terminate=False)
+    cart = [env.qpos[:, 0].copy()] * 3  # before the first step, the delayed value is the initial one
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        obs = env.step(rng.uniform(-1, 1, (64, 1))).obs
+        cart.append(env.qpos[:, 0].copy())
+        np.testing.assert_allclose(obs[:, 0], cart[-3], rtol=1e-6)  # two steps late
+        clean = CartPole.observe(task, env.qpos, env.qvel)
+        np.testing.assert_allclose(obs[:, 1:4], clean[:, 1:4], rtol=1e-6)  # the others: on time, noise-free
+        assert 0.35 < np.std(obs[:, 4] - clean[:, 4]) < 0.65  # the rate sensor's own noise (std 0.5)
+
+
+def test_sensors_are_read_by_name_at_reset_too():
+    quad = registry.load("quadruped")
+    env = BatchedEnv(quad, 2, seed=0)
+    np.testing.assert_allclose(env.sensordata, quad.sensordata_at(env.qpos, env.qvel))
+    assert set(env.inputs()["sensor"]) == {"imu_velocity", "imu_gyro", "imu_orientation"}
+
+    @dataclass(frozen=True)
+    class NoSuchSensor(CartPole):
+        sensors: tuple = ("imu",)
+
+    with pytest.raises(ValueError, match=r"sensor 'imu' is not in cartpole.xml \(sensors: \[\]\)"):
+        NoSuchSensor().validate()
+
+
+def test_an_actor_that_reads_a_privileged_term_is_not_exported(tmp_path):
+    from stages.export import ExportConfig, PrivilegedInput, export_module
+    from stages.io_spec import ObservationTerm
+
+    quad = registry.load("quadruped")
+    spec = IOSpec.from_task(quad)
+    leaky = spec.model_copy(update={"observations": [*spec.observations, ObservationTerm(name="torso_height", unit="m")]})
+    module = torch_linear(49, 12)
+    with pytest.raises(PrivilegedInput, match=r"reads privileged \(simulator-only\) term\(s\) \['torso_height'\]"):
+        export_module(ExportConfig(), module, np.zeros(49, np.float32), np.ones(49, np.float32), leaky, tmp_path / "x",
+                      task_ref="quadruped")
+    with pytest.raises(PrivilegedInput, match="the actor takes 49 inputs but task 'quadruped' has 48"):
+        export_module(ExportConfig(), module, np.zeros(49, np.float32), np.ones(49, np.float32), spec, tmp_path / "y",
+                      task_ref="quadruped")
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def torch_linear(n_in: int, n_out: int):
+    import torch
+
+    return torch.nn.Linear(n_in, n_out)

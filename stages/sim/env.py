@@ -20,6 +20,11 @@ from stages.sim.task import Task
 STATE_SPEC = mujoco.mjtState.mjSTATE_FULLPHYSICS
 
 
+def _rows(inputs: dict, rows: np.ndarray) -> dict:
+    """The term inputs (commands, {sensor: reading}) of the environments in ``rows``."""
+    return {k: v[rows] if isinstance(v, np.ndarray) else {n: r[rows] for n, r in v.items()} for k, v in inputs.items()}
+
+
 class NonFiniteTerm(ValueError):
     """A task's observation or reward turned NaN/Inf on a finite physics state: a bug in the task's terms."""
 
@@ -99,6 +104,12 @@ class BatchedEnv:
         self._action_queue = np.zeros((max_latency, num_envs, self.nu), dtype=np.float32)
         self.last_action = np.zeros((num_envs, self.nu), dtype=np.float32)
         """The policy's latest (clipped) action; what ``observe`` of an ``action_history`` task sees."""
+        self.sensordata = np.zeros((num_envs, nominal.nsensordata))
+        """(N, nsensordata) the last physics step's sensor readings (after a reset: at the initial state)."""
+        self._noise = np.array([t.noise for t in task.observations], dtype=np.float32)
+        self._delay = np.array([t.delay_steps for t in task.observations], dtype=np.int64)
+        self._obs_history = np.zeros((int(self._delay.max(initial=0)) + 1, num_envs, task.obs_dim), dtype=np.float32)
+        """Noise-free observations of the last steps (newest first), for terms with ``delay_steps``."""
         self.command = np.zeros((num_envs, len(task.commands)), dtype=np.float32)
         """(N, len(task.commands)) each environment's current commands/goals (episode state beside the physics)."""
         self._resample = np.array([c.resample_steps for c in task.commands], dtype=np.int64)
@@ -116,7 +127,7 @@ class BatchedEnv:
         return self.state[:, 1 + self.nq : 1 + self.nq + self.nv]
 
     _SNAPSHOT = ("state", "obs_bias", "_push_phase", "_push_sign", "_action_queue", "last_action", "episode_step",
-                 "episode_return", "obs_noise", "latency", "command")
+                 "episode_return", "obs_noise", "latency", "command", "sensordata", "_obs_history")
 
     def snapshot(self) -> dict:
         """Everything the next steps depend on (states, per-env physics, RNG), for an exact resume."""
@@ -157,18 +168,42 @@ class BatchedEnv:
         self.state[idx] = 0.0
         self.state[idx, 1 : 1 + self.nq] = qpos
         self.state[idx, 1 + self.nq : 1 + self.nq + self.nv] = qvel
+        if self.task.sensors:
+            self.sensordata[idx] = self.task.sensordata_at(qpos, qvel)
         self._action_queue[:, idx] = 0.0
         self.last_action[idx] = 0.0
         self.episode_step[idx] = 0
         self.episode_return[idx] = 0.0
+        if len(self._obs_history) > 1:
+            self._obs_history[:, idx] = self._measured()[idx]
         return self.observe()
 
-    def observe(self) -> np.ndarray:
+    def inputs(self) -> dict:
+        """The keyword inputs of the task's terms besides the state: commands and sensor readings."""
+        return {**self.task.command_args(self.command), **self.task.sensor_args(self.sensordata)}
+
+    def _measured(self) -> np.ndarray:
+        """(N, obs_dim) the task's observation of the current state, before bias, noise and sensor delays."""
         history = {"last_action": self.last_action} if self.task.action_history else {}
-        obs = self.task.observe(self.qpos, self.qvel, **history, **self.task.command_args(self.command)) + self.obs_bias
+        return self.task.observe(self.qpos, self.qvel, **history, **self.inputs())
+
+    def observe(self) -> np.ndarray:
+        """(N, obs_dim) what the policy sees: each term as its sensor delivers it (delayed, biased, noisy)."""
+        if len(self._obs_history) > 1:
+            obs = self._obs_history[self._delay, :, np.arange(self.task.obs_dim)].T
+        else:
+            obs = self._measured()
+        obs = obs + self.obs_bias
         if self.obs_noise.any():
             obs = obs + (self.rng.standard_normal(obs.shape) * self.obs_noise[:, None]).astype(np.float32)
+        if self._noise.any():
+            obs = obs + (self.rng.standard_normal(obs.shape) * self._noise).astype(np.float32)
         return obs
+
+    def privileged(self) -> np.ndarray:
+        """(N, len(task.privileged)) the simulator-only terms the critic sees (noise-free)."""
+        history = {"last_action": self.last_action} if self.task.action_history else {}
+        return self.task.observe_privileged(self.qpos, self.qvel, **history, **self.inputs()).astype(np.float32)
 
     def _push(self, action: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """The action queue as it is after this step (newest first), in ``out`` (``step`` passes the queue itself)."""
@@ -201,13 +236,18 @@ class BatchedEnv:
             chunk_size=self.chunk_size,
         )
         self.state[:] = self._state_out[:, -1]
+        self.sensordata[:] = self._sens_out[:, -1]
+        if len(self._obs_history) > 1:
+            self._obs_history[1:] = self._obs_history[:-1]
+            self._obs_history[0] = self._measured()
         qpos, qvel = self.qpos.copy(), self.qvel
-        command = self.task.command_args(self.command.copy())
-        reward = self.task.reward(qpos, qvel, self._action_queue[0], **history, **command)
+        inputs = {k: (v.copy() if k == "command" else {n: r.copy() for n, r in v.items()})
+                  for k, v in self.inputs().items()}
+        reward = self.task.reward(qpos, qvel, self._action_queue[0], **history, **inputs)
         # a NaN state terminates the episode (and would be reported by the caller)
         terminated = ~np.all(np.isfinite(self.state), axis=1)
         if self.terminate:
-            terminated |= self.task.terminated(qpos, qvel, **command)
+            terminated |= self.task.terminated(qpos, qvel, **inputs)
         self.episode_step += 1
         self._check_finite("reward()", reward, self._all)
         self.episode_return += reward
@@ -217,7 +257,7 @@ class BatchedEnv:
         lengths = self.episode_step[done].copy()
         success = truncated[done] & (returns >= self.task.success_threshold)
         if done.any():
-            success &= self.task.succeeded(qpos[done], qvel[done], **{k: v[done] for k, v in command.items()})
+            success &= self.task.succeeded(qpos[done], qvel[done], **_rows(inputs, done))
         self._resample_commands(done)
         if done.any():
             final_obs = self.observe()[done]

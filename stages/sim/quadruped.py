@@ -2,10 +2,12 @@
 
 The classic 48-term observation of legged_gym / Isaac Lab: base linear and angular velocity
 in the body frame, gravity projected into the body frame, the command, joint positions relative
-to the standing pose, joint velocities and the last action. The command is sampled per episode
-and lives in qpos (the ``command`` marker's slide joints in ``assets/quadruped.xml``), so the
-episode's goal is part of the logged state. A fall — torso below ``min_height`` or tilted past
-``max_tilt`` — terminates the episode; evaluation counts early terminations as falls.
+to the standing pose, joint velocities and the last action. The base terms come from the MJCF's
+IMU sensors (velocimeter, gyro, orientation), each with its own noise. The command is three
+task commands, sampled per episode; the bundle's I/O contract marks them as inputs the robot's
+software provides. The critic also sees the torso's height, which no sensor on the robot gives
+(a privileged term). A fall — torso below ``min_height`` or tilted past ``max_tilt`` —
+terminates the episode; evaluation counts early terminations as falls.
 """
 
 from __future__ import annotations
@@ -19,12 +21,11 @@ import numpy as np
 
 from stages.sim.kinematics import quat_to_mat
 from stages.sim.params import Randomization
-from stages.sim.task import Task, Term
+from stages.sim.task import Command, Task, Term
 
 ASSETS = Path(__file__).parent / "assets"
 LEGS = ("FR", "FL", "RR", "RL")
 JOINTS = tuple(f"{leg}_{j}" for leg in LEGS for j in ("abduction", "hip", "knee"))
-COMMAND = ("command_vx", "command_vy", "command_yaw_rate")
 STAND_HEIGHT = 0.33
 """Initial torso height (m); the standing pose settles about 2 cm lower."""
 
@@ -34,10 +35,11 @@ class Quadruped(Task):
     name: str = "quadruped"
     mjcf: Path = ASSETS / "quadruped.xml"
     observations: tuple[Term, ...] = (
-        Term("base_vx", "m/s"), Term("base_vy", "m/s"), Term("base_vz", "m/s"),  # body frame
-        Term("base_wx", "rad/s"), Term("base_wy", "rad/s"), Term("base_wz", "rad/s"),
+        *(Term(f"base_v{a}", "m/s", noise=0.02) for a in "xyz"),  # body frame (velocimeter)
+        *(Term(f"base_w{a}", "rad/s", noise=0.02) for a in "xyz"),  # gyro
         *(Term(f"gravity_{a}", "1", low=-1, high=1) for a in "xyz"),  # unit gravity in the body frame
-        Term("command_vx", "m/s"), Term("command_vy", "m/s"), Term("command_yaw_rate", "rad/s"),
+        Term("command_vx", "m/s", source="command"), Term("command_vy", "m/s", source="command"),
+        Term("command_yaw_rate", "rad/s", source="command"),
         *(Term(f"{j}_pos", "rad") for j in JOINTS),  # from the standing pose (observation_offsets)
         *(Term(f"{j}_vel", "rad/s") for j in JOINTS),
         *(Term(f"last_action_{j}", "1", low=-1, high=1) for j in JOINTS),  # the clipped action
@@ -54,9 +56,11 @@ class Quadruped(Task):
     """Success = the episode ran to its end without a fall."""
     mass_bodies: tuple[str, ...] = ("torso",)
     replayed_joints: tuple[str, ...] = JOINTS
-    command_low: tuple[float, float, float] = (-1.0, -0.6, -1.0)
-    command_high: tuple[float, float, float] = (1.0, 0.6, 1.0)
-    """Command ranges per episode, uniform: vx, vy (m/s), yaw rate (rad/s)."""
+    commands: tuple[Command, ...] = (Command("command_vx", "m/s", -1.0, 1.0), Command("command_vy", "m/s", -0.6, 0.6),
+                                     Command("command_yaw_rate", "rad/s", -1.0, 1.0))
+    """One velocity command per episode, uniform in these ranges."""
+    sensors: tuple[str, ...] = ("imu_velocity", "imu_gyro", "imu_orientation")
+    privileged: tuple[Term, ...] = (Term("torso_height", "m"),)
     min_height: float = 0.14
     max_tilt: float = 1.0
     """A fall: torso below ``min_height`` (m) or tilted more than ``max_tilt`` (rad) from upright."""
@@ -80,12 +84,8 @@ class Quadruped(Task):
         return self._adr(JOINTS, self.model.jnt_dofadr)
 
     @cached_property
-    def command_qpos(self) -> np.ndarray:
-        return self._adr(COMMAND, self.model.jnt_qposadr)
-
-    @cached_property
     def reference_qpos(self) -> np.ndarray:
-        """Standing: torso at ``STAND_HEIGHT``, upright, joints at the servo ranges' centres, zero command."""
+        """Standing: torso at ``STAND_HEIGHT``, upright, joints at the servo ranges' centres."""
         q = self.model.qpos0.copy()
         q[2] = STAND_HEIGHT
         q[self.joint_qpos] = self.action_default
@@ -105,22 +105,25 @@ class Quadruped(Task):
         return lin, qvel[:, 3:6], gravity  # its angular velocity is in the body frame
 
     def initial_state(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        # standing, heading ~ U(±π), joints ~ standing + U(±0.1) rad, base velocity ~ U(±0.1); command ~ U(ranges)
+        # standing, heading ~ U(±π), joints ~ standing + U(±0.1) rad, base velocity ~ U(±0.1)
         qpos = np.tile(self.reference_qpos, (n, 1))
         yaw = rng.uniform(-np.pi, np.pi, n)
         qpos[:, 3:7] = np.stack([np.cos(yaw / 2), np.zeros(n), np.zeros(n), np.sin(yaw / 2)], axis=1)
         qpos[:, self.joint_qpos] += rng.uniform(-0.1, 0.1, (n, len(JOINTS)))
-        qpos[:, self.command_qpos] = rng.uniform(self.command_low, self.command_high, (n, 3))
         qvel = np.zeros((n, self.model.nv))
         qvel[:, 0:6] = rng.uniform(-0.1, 0.1, (n, 6))
         return qpos, qvel
 
-    def observe(self, qpos: np.ndarray, qvel: np.ndarray, last_action: np.ndarray) -> np.ndarray:
-        lin, ang, gravity = self.base(qpos, qvel)
+    def observe(self, qpos: np.ndarray, qvel: np.ndarray, last_action: np.ndarray, command: np.ndarray,
+                sensor: dict[str, np.ndarray]) -> np.ndarray:
+        gravity = -quat_to_mat(sensor["imu_orientation"])[:, 2, :]  # Rᵀ (0, 0, −1)
         return np.concatenate([
-            lin, ang, gravity, qpos[:, self.command_qpos],
+            sensor["imu_velocity"], sensor["imu_gyro"], gravity, command,
             qpos[:, self.joint_qpos] - self.action_default, qvel[:, self.joint_qvel], last_action,
         ], axis=1).astype(np.float32)
+
+    def observe_privileged(self, qpos: np.ndarray, qvel: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        return qpos[:, 2:3].astype(np.float32)
 
     def torques(self, qpos: np.ndarray, action: np.ndarray) -> np.ndarray:
         """(N, 12) the servos' nominal torque kp·(setpoint − q), clipped to their force range."""
@@ -129,11 +132,10 @@ class Quadruped(Task):
         tau = m.actuator_gainprm[:, 0] * (setpoint - qpos[:, self.joint_qpos])
         return np.clip(tau, m.actuator_forcerange[:, 0], m.actuator_forcerange[:, 1])
 
-    def reward_terms(self, qpos: np.ndarray, qvel: np.ndarray, action: np.ndarray,
-                     last_action: np.ndarray) -> dict[str, np.ndarray]:
-        """Each reward term (N,), unweighted."""
+    def reward_terms(self, qpos: np.ndarray, qvel: np.ndarray, action: np.ndarray, last_action: np.ndarray,
+                     command: np.ndarray) -> dict[str, np.ndarray]:
+        """Each reward term (N,), unweighted, from the true state (the simulator's, not the sensors')."""
         lin, ang, gravity = self.base(qpos, qvel)
-        command = qpos[:, self.command_qpos]
         return {
             "track_lin_vel": np.exp(-np.sum((command[:, :2] - lin[:, :2]) ** 2, axis=1) / self.tracking_sigma),
             "track_yaw_rate": np.exp(-((command[:, 2] - ang[:, 2]) ** 2) / self.tracking_sigma),
@@ -144,11 +146,13 @@ class Quadruped(Task):
             "action_rate": np.sum((action - last_action) ** 2, axis=1),
         }
 
-    def reward(self, qpos: np.ndarray, qvel: np.ndarray, action: np.ndarray, last_action: np.ndarray) -> np.ndarray:
-        terms = self.reward_terms(qpos, qvel, action, last_action)
+    def reward(self, qpos: np.ndarray, qvel: np.ndarray, action: np.ndarray, last_action: np.ndarray,
+               command: np.ndarray, sensor: dict[str, np.ndarray]) -> np.ndarray:
+        terms = self.reward_terms(qpos, qvel, action, last_action, command)
         return sum(w * terms[name] for name, w in self.weights).astype(np.float32)
 
-    def terminated(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+    def terminated(self, qpos: np.ndarray, qvel: np.ndarray, command: np.ndarray,
+                   sensor: dict[str, np.ndarray]) -> np.ndarray:
         """A fall: the torso too low or tilted too far (gravity's body-frame z above −cos(max_tilt))."""
         _, _, gravity = self.base(qpos, qvel)
         return (qpos[:, 2] < self.min_height) | (gravity[:, 2] > -np.cos(self.max_tilt))

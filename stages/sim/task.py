@@ -26,6 +26,12 @@ class Term:
     source: str = "measured"
     """For an observation term: ``measured`` (a sensor or joint reading of the robot) or ``command`` (given to the
     policy by the robot's software: a goal or a command; its name is one of the task's :class:`Command` names)."""
+    noise: float = 0.0
+    """For a measured observation term: std of this sensor's Gaussian noise (in ``unit``), on top of the
+    environment's ``obs_noise``."""
+    delay_steps: int = 0
+    """For a measured observation term: this sensor's latency, in control steps (the value observed is the one of
+    that many steps before)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,13 @@ class Task:
     """A mocap body of the MJCF that follows three commands (``mocap_commands``, world x, y, z in m): the goal made
     visible in renders, without being in ``qpos``."""
     mocap_commands: tuple[str, ...] = ()
+    sensors: tuple[str, ...] = ()
+    """Names of the MJCF's ``<sensor>`` elements the terms read: ``observe``, ``reward``, ``terminated`` and
+    ``succeeded`` then get ``sensor`` ({name: (N, dim)}), the readings MuJoCo computed in the control period's last
+    physics step (as a sensor sampled just before the control tick)."""
+    privileged: tuple[Term, ...] = ()
+    """Simulator-only observation terms (``observe_privileged``): the critic sees them besides ``observations``; the
+    actor, its export and the bundle never do."""
 
     @cached_property
     def replayed_qpos(self) -> np.ndarray:
@@ -100,6 +113,32 @@ class Task:
             raise ValueError(f"task {self.name!r}: mocap_commands {self.mocap_commands!r} must name three of the "
                              f"commands {names}")
         return int(self.model.body_mocapid[body]), np.array([names.index(c) for c in self.mocap_commands])
+
+    @cached_property
+    def sensor_slices(self) -> dict[str, slice]:
+        """Where each of ``sensors`` lies in ``sensordata``."""
+        m, out = self.model, {}
+        for name in self.sensors:
+            i = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SENSOR, name)
+            if i < 0:
+                have = [m.sensor(k).name for k in range(m.nsensor)]
+                raise ValueError(f"task {self.name!r}: sensor {name!r} is not in {self.mjcf.name} (sensors: {have})")
+            out[name] = slice(int(m.sensor_adr[i]), int(m.sensor_adr[i] + m.sensor_dim[i]))
+        return out
+
+    def readings(self, sensordata: np.ndarray) -> dict[str, np.ndarray]:
+        """``sensordata`` (N, nsensordata) as {sensor name: (N, dim)}."""
+        return {name: sensordata[:, where] for name, where in self.sensor_slices.items()}
+
+    def sensordata_at(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+        """(N, nsensordata) the nominal model's sensor readings at these states (``mj_forward``), e.g. after a reset."""
+        m = self.model
+        data, out = mujoco.MjData(m), np.zeros((len(qpos), m.nsensordata))
+        for i, (q, v) in enumerate(zip(qpos, qvel)):
+            data.qpos[:], data.qvel[:] = q, v
+            mujoco.mj_forward(m, data)
+            out[i] = data.sensordata
+        return out
 
     @cached_property
     def model(self) -> mujoco.MjModel:
@@ -168,7 +207,7 @@ class Task:
     def terminated(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def succeeded(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
+    def succeeded(self, qpos: np.ndarray, qvel: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
         """(N,) bool: whether the final state of an episode counts as success (default: always)."""
         return np.ones(len(qpos), dtype=bool)
 
@@ -185,6 +224,14 @@ class Task:
     def command_args(self, command: np.ndarray) -> dict[str, np.ndarray]:
         """``{"command": command}`` for a task with commands, else nothing (its terms take no such argument)."""
         return {"command": command} if self.commands else {}
+
+    def sensor_args(self, sensordata: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+        """``{"sensor": {name: reading}}`` for a task that reads sensors, else nothing."""
+        return {"sensor": self.readings(sensordata)} if self.sensors else {}
+
+    def observe_privileged(self, qpos: np.ndarray, qvel: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        """(N, len(privileged)) the simulator-only terms for the critic; the same keyword inputs as ``observe``."""
+        raise NotImplementedError
 
     def validate(self) -> None:
         """Fail at registration with the offending term named."""
@@ -234,6 +281,9 @@ class Task:
                 raise ValueError(f"task {self.name!r}: command {c.name!r} needs a finite range low <= high and "
                                  f"resample_steps >= 0 (got [{c.low}, {c.high}], {c.resample_steps})")
         for t in self.observations:
+            if t.noise < 0 or t.delay_steps < 0 or ((t.noise or t.delay_steps) and t.source != "measured"):
+                raise ValueError(f"task {self.name!r}: observation term {t.name!r}: noise ({t.noise}) and delay_steps "
+                                 f"({t.delay_steps}) must be >= 0, and only a measured term has them")
             if t.source not in ("measured", "command"):
                 raise ValueError(f"task {self.name!r}: observation term {t.name!r}: source {t.source!r} is not "
                                  f"'measured' or 'command'")
@@ -241,6 +291,10 @@ class Task:
                 raise ValueError(f"task {self.name!r}: observation term {t.name!r} is a command but the task "
                                  f"declares no command of that name (commands: {names})")
         self.mocap  # noqa: B018 - resolves the mocap body and its commands
+        self.sensor_slices  # noqa: B018 - resolves the sensor names
+        clash = {t.name for t in self.observations} & {t.name for t in self.privileged}
+        if clash:
+            raise ValueError(f"task {self.name!r}: term {sorted(clash)[0]!r} is both an observation and privileged")
 
     def _check_finite_model(self) -> None:
         """No NaN/Inf in the physical quantities of the MJCF (names the field and the element)."""
@@ -275,7 +329,8 @@ class Task:
             if np.shape(command) != (n, len(self.commands)) or not ((command >= low) & (command <= high)).all():
                 raise ValueError(f"task {self.name!r}: sample_commands() gave shape {np.shape(command)} or values "
                                  f"outside the commands' ranges; expected (N, {len(self.commands)}) within them")
-        history = {**self.history(n), **self.command_args(command)}
+        inputs = {**self.command_args(command), **self.sensor_args(self.sensordata_at(qpos, qvel))}
+        history = {**self.history(n), **inputs}
         obs = self.observe(qpos, qvel, **history)
         if np.shape(obs) != (n, self.obs_dim):
             raise ValueError(f"task {self.name!r}: observe() gave shape {np.shape(obs)}, expected (N, {self.obs_dim}) "
@@ -293,8 +348,13 @@ class Task:
             raise ValueError(f"task {self.name!r}: reward() gave shape {np.shape(reward)}, expected (N,)")
         if not np.all(np.isfinite(reward)):
             raise ValueError(f"task {self.name!r}: reward() gave NaN/Inf at the initial state")
+        if self.privileged:
+            extra = self.observe_privileged(qpos, qvel, **history)
+            if np.shape(extra) != (n, len(self.privileged)) or not np.all(np.isfinite(extra)):
+                raise ValueError(f"task {self.name!r}: observe_privileged() gave shape {np.shape(extra)} or NaN/Inf, "
+                                 f"expected finite (N, {len(self.privileged)}) for {[t.name for t in self.privileged]}")
         for name in ("terminated", "succeeded"):
-            done = getattr(self, name)(qpos, qvel, **self.command_args(command))
+            done = getattr(self, name)(qpos, qvel, **inputs)
             if np.shape(done) != (n,) or np.asarray(done).dtype != bool:
                 raise ValueError(f"task {self.name!r}: {name}() gave shape {np.shape(done)} dtype "
                                  f"{np.asarray(done).dtype}, expected (N,) bool")
