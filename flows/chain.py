@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import yaml
+
 from edge.runtime import OnnxRuntime
 from flows.gate import log_gate
 from flows.params import PipelineParams, PipelineSummary
@@ -32,6 +34,8 @@ def begin_pipeline(ws: Workspace, params: PipelineParams, run_name: str, tags: d
     FAILED the runs a killed process left RUNNING, and delete their partial outputs."""
     ctx = start_pipeline(ws.tracking_uri(), f"sim2edge/{params.policy_name}", ws.artifact_root(), run_name, tags,
                          params.model_dump())
+    ctx.client.log_text(ctx.parent_run_id, yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False),
+                        "run_config.yaml")  # the resolved configuration: `sim2edge run --config` takes it back
     for run_id in fail_orphans(ctx.client, ctx.experiment_id):  # this run's owner is alive: never among them
         for partial in remove_partial(ws.runs / run_id):
             print(f"removed the partial output {partial} of killed run {run_id}")
@@ -64,7 +68,8 @@ def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *ar
 def train_seeds(ctx: RunContext, params: PipelineParams, twin: PhysicalParams, out: Path,
                 start_from: Optional[Path]) -> Checkpoint:
     """Train ``params.train_seeds`` seeds over the flow's task runner; keep the best final training return."""
-    cfgs = [TrainConfig(task=params.task, iterations=params.iterations, num_envs=params.num_envs, seed=params.seed + k)
+    cfgs = [TrainConfig(task=params.task, iterations=params.iterations, num_envs=params.num_envs, seed=params.seed + k,
+                        **params.train.model_dump())
             for k in range(params.train_seeds)]
     if len(cfgs) == 1:
         return cached(ctx, "train", out, train_stage, ctx, cfgs[0], twin, out / "checkpoint", start_from)

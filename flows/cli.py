@@ -22,26 +22,33 @@ console = Console()
 
 @app.command()
 def run(
-    task: str = typer.Option("cartpole", help="Registered task or module:Class."),
-    target: str = typer.Option("orin-jp6.1", help="Jetson target profile."),
-    iterations: int = typer.Option(100, help="PPO iterations."),
-    seed: int = typer.Option(0, help="Seed for every stage."),
-    eval_episodes: int = typer.Option(32, help="Seeded evaluation episodes."),
+    task: Optional[str] = typer.Option(None, help="Registered task or module:Class [default: the config's, or cartpole]."),
+    target: Optional[str] = typer.Option(None, help="Jetson target profile [default: orin-jp6.1]."),
+    iterations: Optional[int] = typer.Option(None, help="PPO iterations [default: the task's preset]."),
+    seed: Optional[int] = typer.Option(None, help="Seed for every stage [default: 0]."),
+    eval_episodes: Optional[int] = typer.Option(None, help="Seeded evaluation episodes [default: 32]."),
+    minutes: Optional[float] = typer.Option(None, help="Training budget in minutes (iterations stays the cap)."),
+    config: Optional[Path] = typer.Option(None, "--config", help="A run configuration (YAML): the flow's parameters, "
+                                                                 "over the task's preset."),
+    sets: list[str] = typer.Option([], "--set", help="Override one key, e.g. --set train.learning_rate=3e-4 "
+                                                     "(repeatable)."),
 ) -> None:
-    """Run collect → calibrate → train → export → evaluate → package → register as one Prefect flow."""
-    from pydantic import ValidationError
+    """Run collect → calibrate → train → export → evaluate → package → register as one Prefect flow.
 
+    Parameters come from the task's preset (`sim2edge tasks --show TASK`), then --config, then --set, then the
+    options above."""
+    from flows.run_config import RunConfigError, resolve
+
+    try:
+        params = resolve(task, config, sets, {"target": target, "iterations": iterations, "seed": seed,
+                                              "eval_episodes": eval_episodes,
+                                              "train": {"minutes": minutes} if minutes is not None else None})
+    except RunConfigError as e:
+        console.print(Text.assemble(("error", "red"), f": {e}"), highlight=False)
+        raise typer.Exit(2)
     ws = Workspace.from_env()
     ws.home.mkdir(parents=True, exist_ok=True)
     ws.configure_prefect()
-    from flows.params import SimToEdgeParams
-
-    try:
-        params = SimToEdgeParams(task=task, target=target, iterations=iterations, seed=seed, eval_episodes=eval_episodes)
-    except ValidationError as e:
-        for err in e.errors():
-            console.print(f"[red]error[/red]: {'.'.join(map(str, err['loc']))}: {err['msg']}")
-        raise typer.Exit(2)
     from flows.gate import verdict
     from flows.sim_to_edge import sim_to_edge
 
@@ -371,10 +378,16 @@ def deploy(
 
 
 @app.command()
-def tasks(as_json: bool = typer.Option(False, "--json", help="Print the tasks as JSON.")) -> None:
+def tasks(as_json: bool = typer.Option(False, "--json", help="Print the tasks as JSON."),
+          show: Optional[str] = typer.Option(None, "--show", metavar="TASK",
+                                             help="One task in full: its terms, commands, sensors and preset.")) -> None:
     """List the registered tasks."""
     from stages.sim.registry import load, names
 
+    if show is not None:
+        _check_task(show)
+        _show_task(show, load(show))
+        return
     found = {name: load(name) for name in names()}
     if as_json:
         _print_json({name: {"mjcf": str(t.mjcf), "observations": [o.name for o in t.observations],
@@ -383,6 +396,31 @@ def tasks(as_json: bool = typer.Option(False, "--json", help="Print the tasks as
         return
     rows = [[name, str(t.obs_dim), str(t.act_dim), f"{t.ctrl_dt * 1e3:.0f} ms", t.mjcf.name] for name, t in found.items()]
     print_listing(listing(["task", "observations", "actions", "control period", "robot"], rows))
+
+
+def _show_task(ref: str, t) -> None:
+    """A task's I/O (each term's source, unit, noise and delay), commands, sensors and its resolved run preset."""
+    import yaml
+
+    from flows.run_config import resolve
+
+    console.print(f"{t.name}: {t.mjcf}, control period {t.ctrl_dt * 1e3:.0f} ms, {t.episode_steps} steps per episode",
+                  markup=False, highlight=False)
+    rows = [[o.name, o.source, o.unit, f"{o.noise:g}" if o.noise else "", str(o.delay_steps or "")]
+            for o in t.observations]
+    rows += [[p.name, "privileged (critic only)", p.unit, "", ""] for p in t.privileged]
+    rows += [[a.name, "action", a.unit, "", ""] for a in t.actions]
+    print_listing(listing(["term", "source", "unit", "noise", "delay"], rows))
+    if t.commands:
+        print_listing(listing(["command", "unit", "low", "high", "resampled every"],
+                              [[c.name, c.unit, f"{c.low:g}", f"{c.high:g}",
+                                f"{c.resample_steps} steps" if c.resample_steps else "episode"] for c in t.commands]))
+    if t.sensors:
+        console.print(f"sensors: {', '.join(t.sensors)}", markup=False, highlight=False)
+    params = resolve(ref, None, [], {})
+    console.print(f"run preset ({t.preset_path or 'none: the defaults'}), as `sim2edge run --config` takes it:",
+                  markup=False, highlight=False)
+    console.print(yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False), markup=False, highlight=False)
 
 
 @app.command()

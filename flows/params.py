@@ -12,6 +12,21 @@ from stages.artifacts import ScenarioResult
 from stages.twin.gate import Check, GateConfig
 
 
+class TrainSettings(BaseModel):
+    """PPO settings of a pipeline run (the rest of :class:`stages.train.TrainConfig` comes from the run itself)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    steps_per_env: int = Field(32, ge=2, description="Rollout length per environment per iteration.")
+    hidden_dims: tuple[int, ...] = Field((64, 64), min_length=1, description="Actor and critic MLP widths.")
+    learning_rate: float = Field(1e-3, gt=0)
+    entropy_coef: float = Field(0.005, ge=0)
+    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE λ.")
+    init_noise_std: float = Field(0.6, gt=0, description="Initial std of the Gaussian action noise (normalized units).")
+    minutes: Optional[float] = Field(None, gt=0, description="Wall-clock training budget per seed; `iterations` stays "
+                                                             "the cap.")
+
+
 class PipelineParams(BaseModel):
     """What every pipeline flow takes: task, target, training budget, evaluation and gates."""
 
@@ -21,6 +36,8 @@ class PipelineParams(BaseModel):
     target: str = Field("orin-jp6.1", description="Jetson target profile (`sim2edge targets`).")
     iterations: int = Field(100, ge=1, le=100000, description="PPO iterations.")
     num_envs: int = Field(128, ge=1, le=16384, description="Parallel simulated environments in training.")
+    train: TrainSettings = Field(default_factory=TrainSettings, description="PPO settings (a task's preset sets them: "
+                                                                           "`sim2edge tasks --show TASK`).")
     seed: int = Field(0, description="Seed for collection, training and evaluation.")
     train_seeds: int = Field(1, ge=1, le=64, description="Independent PPO runs (seed, seed+1, …) fanned out over the "
                                                         "task runner; the best final training return is exported.")

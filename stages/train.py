@@ -54,6 +54,9 @@ class TrainConfig(BaseModel):
     eval_every: int = Field(0, ge=0, description="Deterministic evaluation every N iterations (0: never).")
     eval_episodes: int = Field(16, ge=1, description="Episodes per deterministic evaluation (fixed seeds).")
     target_return: Optional[float] = Field(None, description="Stop once a deterministic evaluation reaches this return.")
+    minutes: Optional[float] = Field(None, gt=0, description="Wall-clock training budget: the last iteration is the one "
+                                                             "after which another would end past it (iterations stays "
+                                                             "the cap).")
     checkpoint_every: int = Field(0, ge=0, description="Also write the checkpoint every N iterations (0: at the end).")
     disturbance: Disturbance = Field(default_factory=Disturbance, description="Pushes, sensor bias and initial-state "
                                      "spread during training (e.g. base pushes for a legged robot); none by default.")
@@ -62,7 +65,7 @@ class TrainConfig(BaseModel):
 
 
 RESUMABLE_CHANGES = frozenset({"iterations", "eval_every", "eval_episodes", "target_return", "checkpoint_every",
-                               "nthread"})
+                               "nthread", "minutes"})
 """Config fields a resumed run may change; any other difference would make it a different run."""
 
 
@@ -277,11 +280,13 @@ def train(
     last_return = -math.inf
     iterations = cfg.iterations
     sampler = (OverlappedSampler if cfg.overlap else Sampler)(alg, vec_env, cfg)
+    budget_end, iteration_s = time.perf_counter() + 60 * (cfg.minutes or math.inf), 0.0
     for it in range(first, cfg.iterations):
         good = copy.deepcopy(_state(alg, vec_env, twin))  # after the last finite update (normalizer included)
-        start = time.perf_counter()
+        start = began = time.perf_counter()
+        final = it + 1 >= cfg.iterations or began + 2 * iteration_s > budget_end  # another would end past the budget
         try:
-            with sampler.rollout(more=it + 1 < cfg.iterations) as collect:
+            with sampler.rollout(more=not final) as collect:
                 update_start = time.perf_counter()
                 losses = alg.update()
                 update = time.perf_counter() - update_start
@@ -318,7 +323,8 @@ def train(
             metrics["eval_time_s"] = time.perf_counter() - start
         if on_iteration:
             on_iteration(it, metrics)
-        if cfg.target_return is not None and metrics.get("eval_return", -math.inf) >= cfg.target_return:
+        iteration_s = time.perf_counter() - began
+        if final or (cfg.target_return is not None and metrics.get("eval_return", -math.inf) >= cfg.target_return):
             iterations = it + 1
             break
         if cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:

@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from edge.policy import Policy
@@ -40,7 +41,7 @@ def agent_pull(ref, url, root, trust, *extra):
     return run_cli("sim2edge-agent", "pull", ref, "--registry", url, "--root", str(root), "--trust", str(trust), *extra)
 
 
-def test_flow_registers_a_champion_with_lineage(pipeline, client):
+def test_flow_registers_a_champion_with_lineage(pipeline, client, tmp_path):
     assert pipeline.alias == "champion" and pipeline.success_rate >= 0.8
     mv = client.get_model_version_by_alias("cartpole", "champion")
     assert mv.version == pipeline.version
@@ -55,6 +56,9 @@ def test_flow_registers_a_champion_with_lineage(pipeline, client):
     train_run = next(r for r in children if r.info.run_name == "train")
     history = client.get_metric_history(train_run.info.run_id, "mean_return")
     assert len(history) == 100
+    logged = Path(client.download_artifacts(pipeline.mlflow_run_id, "run_config.yaml", str(tmp_path)))
+    assert SimToEdgeParams.model_validate(yaml.safe_load(logged.read_text())) == SimToEdgeParams(iterations=100,
+                                                                                               eval_episodes=32)
 
 
 def test_agent_pulls_verifies_and_runs_the_policy(pipeline, mlflow_server, workspace, tmp_path):

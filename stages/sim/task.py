@@ -11,6 +11,8 @@ import numpy as np
 
 from stages.sim.params import PhysicalParams, Randomization
 
+PRESETS = Path(__file__).parent / "presets"
+
 
 @dataclass(frozen=True)
 class Term:
@@ -87,6 +89,15 @@ class Task:
     privileged: tuple[Term, ...] = ()
     """Simulator-only observation terms (``observe_privileged``): the critic sees them besides ``observations``; the
     actor, its export and the bundle never do."""
+    preset: Path | None = None
+    """A run configuration (YAML, the keys of ``sim2edge run --config``) with this task's training settings; default:
+    ``stages/sim/presets/<name>.yaml`` when there is one."""
+
+    @property
+    def preset_path(self) -> Path | None:
+        """This task's preset file, if it has one."""
+        builtin = PRESETS / f"{self.name}.yaml"
+        return self.preset if self.preset is not None else (builtin if builtin.is_file() else None)
 
     @cached_property
     def replayed_qpos(self) -> np.ndarray:

@@ -1,0 +1,79 @@
+"""Run configurations: a task's preset, a YAML file, --set and command-line options, in that order; mistakes named
+in one line; a wall-clock training budget."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from flows.params import SimToEdgeParams, TrainSettings
+from flows.run_config import RunConfigError, resolve
+from stages.sim.params import PhysicalParams
+from stages.sim.registry import load
+from stages.train import TrainConfig, train
+from tests.conftest import run_cli
+
+
+def test_each_task_has_a_preset_that_validates():
+    for name in ("cartpole", "reacher", "arm6", "quadruped"):
+        assert load(name).preset_path is not None
+        assert resolve(name, None, [], {}).task == name
+    quad = resolve("quadruped", None, [], {})
+    assert quad.train.hidden_dims == (256, 128, 64) and quad.train.minutes == 20 and quad.num_envs == 256
+    assert resolve("cartpole", None, [], {}) == SimToEdgeParams()  # the defaults are cart-pole's
+
+
+def test_layers_apply_in_order_preset_file_set_options(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("task: arm6\niterations: 50\ntrain:\n  learning_rate: 3.0e-4\n  minutes: 5\n")
+    p = resolve(None, cfg, ["train.learning_rate=1e-4", "gate.min_success_rate=0.9"], {"iterations": 7, "seed": None})
+    assert p.task == "arm6" and p.iterations == 7 and p.train.learning_rate == 1e-4 and p.gate.min_success_rate == 0.9
+    assert p.train.minutes == 5 and p.train.hidden_dims == (128, 128) and p.num_envs == 128  # from the arm6 preset
+    assert resolve("reacher", cfg, [], {}).task == "reacher"  # --task beats the file's task
+    assert resolve("reacher", cfg, [], {}).train.gamma == 0.9  # and brings its own preset
+
+
+@pytest.mark.parametrize("text,sets,message", [
+    ("train:\n  learnin_rate: 1\n", [], r"run.yaml: train.learnin_rate: not a key here; allowed: steps_per_env, "
+                                        r"hidden_dims, learning_rate, entropy_coef, gamma, gae_lambda, init_noise_std, "
+                                        r"minutes$"),
+    ("iterations: 0\n", [], r"run.yaml: iterations: Input should be greater than or equal to 1 \(got 0\)$"),
+    ("target: orin-nano\n", [], r"run.yaml: target: .*orin-nano"),
+    ("- a\n- b\n", [], r"run.yaml: a run configuration is a mapping of keys, got list$"),
+    ("a: [\n", [], r"run.yaml: cannot read it as YAML"),
+    ("", ["train.gamma=2"], r"--set train.gamma=2: train.gamma: Input should be less than or equal to 1 \(got 2\)$"),
+    ("", ["learning_rate"], r"--set 'learning_rate': write KEY=VALUE"),
+    ("task: nosuch\n", [], r"task: unknown task 'nosuch'; valid tasks: arm6, cartpole, quadruped, reacher"),
+])
+def test_a_mistake_is_one_line_naming_the_file_and_key(tmp_path, text, sets, message):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(text)
+    with pytest.raises(RunConfigError, match=message):
+        resolve(None, cfg, sets, {})
+
+
+def test_the_cli_refuses_a_bad_config_in_one_line_before_starting_anything(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("train:\n  hidden_dims: []\n")
+    r = run_cli("sim2edge", "run", "--config", str(cfg), env={"SIM2EDGE_HOME": str(tmp_path / "home"), "COLUMNS": "200"})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines() == [f"error: --config {cfg}: train.hidden_dims: Tuple should have at least 1 "
+                                             f"item after validation, not 0 (got [])"]
+    assert not (tmp_path / "home").exists()
+
+
+def test_a_training_budget_in_minutes_stops_training(tmp_path):
+    budget_s, ends = 4.0, []
+    ckpt = train(TrainConfig(iterations=100_000, num_envs=16, steps_per_env=8, minutes=budget_s / 60), PhysicalParams(),
+                 tmp_path / "ckpt", on_iteration=lambda it, m: ends.append(time.perf_counter()))
+    assert 1 < ckpt.iterations == len(ends) < 100_000
+    longest = max(b - a for a, b in zip(ends, ends[1:]))
+    assert ends[-1] - ends[0] <= budget_s + longest  # stopped at the budget (its clock starts before iteration 1)
+
+
+def test_train_settings_reach_the_training_config():
+    settings = TrainSettings(learning_rate=2e-4, hidden_dims=(32,), minutes=1)
+    cfg = TrainConfig(task="cartpole", **settings.model_dump())
+    assert cfg.learning_rate == 2e-4 and cfg.hidden_dims == (32,) and cfg.minutes == 1
+    assert set(TrainSettings.model_fields) <= set(TrainConfig.model_fields)
