@@ -29,20 +29,19 @@ FD = re.compile(r"^\d+<(.*?)>(?:, |$)")
 AT = re.compile(r"(?:AT_FDCWD|\d+)<([^>]*)>, \"([^\"]*)\"")
 
 
-def traced_pull(registry, root: Path, pub: Path, out: Path) -> list[tuple[float, int, str, str, int, str]]:
-    """Run ``sim2edge-agent pull tiny@champion`` under strace; its calls, all processes, in time order."""
+def traced_pull(registry, root: Path, pub: Path, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, list]:
+    """Run ``sim2edge-agent pull tiny@champion`` under strace; its result and its calls (all processes) in time order."""
     out.mkdir()
     exe = Path(sys.executable).parent / "sim2edge-agent"
     r = subprocess.run(["strace", "-ff", "-ttt", "-s", "0", "-y", "-o", str(out / "t"), "-e", f"trace={CALLS}",
                         str(exe), "pull", "tiny@champion", "--registry", registry.url, "--root", str(root),
                         "--trust", str(pub), "--skip-target-check", "--attempts", "1", "--backoff", "0",
-                        "--ignore-backoff"], capture_output=True, text=True, cwd=out, timeout=300)
+                        "--ignore-backoff", *extra], capture_output=True, text=True, cwd=out, timeout=300)
     events = []
-    for f in out.iterdir():
-        pid = int(f.name.rsplit(".", 1)[1])
+    for f in out.iterdir():  # one file per process (-ff): no call is split across lines
         for line in f.read_text().splitlines():
             if (m := LINE.match(line)) and int(m[4]) >= 0:
-                events.append((float(m[1]), pid, m[2], m[3], int(m[4]), m[5] or ""))
+                events.append((float(m[1]), m[2], m[3], m[5] or ""))
     events.sort()
     return r, events
 
@@ -73,7 +72,7 @@ class Order:
         self.pending.clear()
 
     def replay(self, events) -> "Order":
-        for t, _pid, call, args, ret, retpath in events:
+        for t, call, args, retpath in events:
             fd = FD.match(args)
             path = fd[1] if fd else ""
             if call == "openat" and "O_CREAT" in args and self.ours(retpath):
@@ -83,14 +82,13 @@ class Order:
                     self.barrier(f"journal write at {t}")
                     self.journal_writes += 1
                 self.wrote[path] = t
-            elif call in ("fsync", "fdatasync") and self.ours(path) or path == self.root:
+            elif call in ("fsync", "fdatasync") and (self.ours(path) or path == self.root):
                 self.synced[path] = t
                 self.pending.pop(path, None)
             elif call == "close" and self.ours(path) and self.dirty(path) and not path.endswith("/lock"):
                 self.errors.append(f"{path} closed with writes not fsynced")
             elif call.startswith("rename"):
                 self.rename(*self.paths(call, args))
-
         self.barrier("exit")
         return self
 
@@ -113,8 +111,8 @@ class Order:
         self.pending[os.path.dirname(dst)] = f"rename {src} -> {dst}"
 
 
-def check(registry, root: Path, pub: Path, out: Path) -> Order:
-    r, events = traced_pull(registry, root, pub, out)
+def check(registry, root: Path, pub: Path, out: Path, *extra: str) -> tuple[subprocess.CompletedProcess, Order]:
+    r, events = traced_pull(registry, root, pub, out, *extra)
     order = Order(str(root), str(out)).replay(events)
     assert not order.errors, "\n".join(order.errors)
     return r, order
@@ -133,3 +131,11 @@ def test_pull_fsyncs_before_every_rename_and_the_directory_after(tmp_path, keys,
     r, order = check(registry, active, keys[1], tmp_path / "trace-failed")
     assert r.returncode == 1 and "signature" in r.stderr, r.stderr
     assert "failed.json" in [os.path.basename(d) for _, d in order.renames] and order.journal_writes >= 1
+
+
+def test_a_download_cut_short_keeps_an_fsynced_part(tmp_path, keys, registry, active):
+    offer_tar(registry, genuine(tmp_path, keys[0], "2"))
+    registry.drip_s = 0.01  # the deadline cuts the body short: what arrived is the next pull's resume point
+    r, order = check(registry, active, keys[1], tmp_path / "trace-cut", "--deadline", "2")
+    assert r.returncode == 3, r.stderr
+    assert [p for p in order.synced if p.endswith(".part") and "/downloads/" in p], order.synced
