@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test up browser docker docs
+.PHONY: setup run test up browser docker strace docs
 
 setup: $(STAMP)
 
@@ -32,8 +32,14 @@ docker:
 		|| apt-get install -y -q docker.io docker-registry >/dev/null \
 		|| { apt-get update -q >/dev/null && apt-get install -y -q docker.io docker-registry >/dev/null; } || true
 
-test: setup browser docker
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+# Debian's strace for the power-loss ordering test (as root; elsewhere that test skips and says why)
+strace:
+	@command -v strace >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q strace >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q strace >/dev/null; } || true
+
+# -rs: every skip says why; under CI=true a skip for chromium, Docker, strace or namespaces fails (tests/ci_skips.py)
+test: setup browser docker strace
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests
 
 # The reference in docs/ (MkDocs, Material theme) into site/; --strict fails on a broken link, anchor or nav entry.
 docs: setup

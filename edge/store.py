@@ -305,7 +305,8 @@ class DeviceStore:
         final.parent.mkdir(parents=True, exist_ok=True)
         for f in staged.rglob("*"):
             f.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH | (stat.S_IXUSR if f.is_dir() else 0))
-        fsync_dir(staged)
+        for d in [*(d for d in staged.rglob("*") if d.is_dir()), staged]:  # every directory a file was made in
+            fsync_dir(d)
         crash.point("install-chmod")
         os.replace(str(staged), str(final))
         fsync_dir(final.parent)

@@ -23,6 +23,7 @@ from rich.progress import Progress
 from edge.bundle import sha256_path
 from flows.caching import stage_key, task_version
 from flows.params import PipelineParams
+from flows.promotion import promote_slot
 from flows.steps import calibrate_step, collect_step
 from flows.workspace import Workspace
 from registry import models, policy_model
@@ -160,7 +161,8 @@ def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace,
             client.delete_model_version(params.policy_name, version)
             client.finalize_logged_model(model.model_id, "FAILED")
             raise
-    with stage_run(ctx, "register", {"model": params.policy_name, "version": version}) as run:
+    with stage_run(ctx, "register", {"model": params.policy_name, "version": version}) as run, \
+            promote_slot(params.policy_name):
         alias = models.publish(client, params.policy_name, version, bundle_path, bundle.digest, bundle.path.stat().st_size,
                                report.passed and params.promote,
                                {"sim2edge.success_rate": report.success_rate, "sim2edge.mean_return": report.mean_return,

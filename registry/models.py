@@ -5,6 +5,8 @@ The bundle tags written here are the device contract that ``edge.registry_client
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
@@ -13,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
 
 CHAMPION, CHALLENGER = "champion", "challenger"
+BARRIER_ENV = "SIM2EDGE_PROMOTE_BARRIER"
 
 
 def proxy_path(artifact_uri: str, artifact_root: Path | None) -> str:
@@ -53,15 +56,35 @@ def publish(client: MlflowClient, name: str, version: str, bundle_path: str, sha
     """Tag the version with its bundle, then move the alias last; return the alias.
 
     ``champion`` moves only if the gate passed *and* the champion is still ``expected_champion``
-    (the one this run was compared against): of two overlapping runs, only one can promote.
+    (the one this run was compared against), and stays only if it reads back as this version.
+    Reading and moving are two calls: callers serialize them per policy (``flows.promotion.promote_slot``),
+    so of two overlapping runs only one can promote; the loser is a challenger tagged with why.
     """
     for k, v in {**tags, TAG_PATH: bundle_path, TAG_SHA256: sha256, TAG_SIZE: str(size),
                  "sim2edge.gate": "pass" if passed else "fail"}.items():
         client.set_model_version_tag(name, version, k, str(v))
-    alias = CHAMPION if passed else CHALLENGER
-    if passed and (now := current_champion(client, name)) != expected_champion:
-        client.set_model_version_tag(name, version, "sim2edge.not_promoted",
-                                     f"the champion changed during this run (v{expected_champion} → v{now})")
-        alias = CHALLENGER
-    client.set_registered_model_alias(name, alias, version)
-    return alias
+    if passed:
+        now = current_champion(client, name)
+        _barrier()
+        if now != expected_champion:
+            why = f"the champion changed during this run (v{expected_champion} → v{now})"
+        else:
+            client.set_registered_model_alias(name, CHAMPION, version)
+            if (now := current_champion(client, name)) == version:
+                return CHAMPION
+            why = f"v{now} was promoted at the same time"
+        client.set_model_version_tag(name, version, "sim2edge.not_promoted", why)
+    client.set_registered_model_alias(name, CHALLENGER, version)
+    return CHALLENGER
+
+
+def _barrier() -> None:
+    """Test hook between reading the champion and moving it: ``SIM2EDGE_PROMOTE_BARRIER=<dir>:<n>:<seconds>``
+    marks this process in ``<dir>`` and waits until ``n`` have arrived or ``seconds`` passed (unset in normal use)."""
+    if not (spec := os.environ.get(BARRIER_ENV)):
+        return
+    folder, n, seconds = spec.rsplit(":", 2)
+    Path(folder, str(os.getpid())).touch()
+    deadline = time.monotonic() + float(seconds)
+    while len(os.listdir(folder)) < int(n) and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -12,7 +12,8 @@ import pytest
 
 from flows.workspace import Workspace
 
-pytest_plugins = ["tests.agent_checks"]  # the device agent's refusal fixtures: keys, registry, sibling, active
+pytest_plugins = ["tests.agent_checks",  # the device agent's refusal fixtures: keys, registry, sibling, active
+                  "tests.ci_skips"]  # under CI=true, a skip for a capability this machine can provide fails
 
 
 def free_port() -> int:
