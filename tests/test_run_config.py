@@ -77,3 +77,10 @@ def test_train_settings_reach_the_training_config():
     cfg = TrainConfig(task="cartpole", **settings.model_dump())
     assert cfg.learning_rate == 2e-4 and cfg.hidden_dims == (32,) and cfg.minutes == 1
     assert set(TrainSettings.model_fields) <= set(TrainConfig.model_fields)
+
+
+def test_the_example_configuration_resolves():
+    from pathlib import Path
+
+    p = resolve(None, Path(__file__).resolve().parents[1] / "examples" / "run.yaml", [], {})
+    assert p.task == "cartpole" and p.iterations == 120 and p.train.hidden_dims == (64, 64)
