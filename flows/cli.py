@@ -87,8 +87,10 @@ def _check_task(task: str) -> None:
 @app.command()
 def collect(
     task: str = typer.Option("cartpole", help="Registered task or module:Class."),
-    source: str = typer.Option("standin", help="standin (record the reference-robot stand-in), folder or registry."),
+    source: str = typer.Option("standin", help="standin (record the reference-robot stand-in), folder, registry or rosbag."),
     folder: Optional[Path] = typer.Option(None, help="Log folder to ingest (with --source folder)."),
+    bag: Optional[Path] = typer.Option(None, help="rosbag2 directory or .mcap/.db3 file (with --source rosbag)."),
+    mapping: Optional[Path] = typer.Option(None, help="Topic mapping YAML of the bag (with --source rosbag)."),
     episodes: int = typer.Option(16, help="Stand-in episodes to record."),
     seed: int = typer.Option(0, help="Stand-in seed."),
 ) -> None:
@@ -96,13 +98,25 @@ def collect(
     from flows.steps import collect_step
     from stages.collect.ingest import StandinConfig
 
-    if source not in ("standin", "folder", "registry"):
-        console.print(f"[red]error[/red]: --source {source!r}: choose standin, folder or registry")
+    if source not in ("standin", "folder", "registry", "rosbag"):
+        console.print(f"[red]error[/red]: --source {source!r}: choose standin, folder, registry or rosbag")
         raise typer.Exit(2)
+    if source == "rosbag" and (bag is None or mapping is None):
+        _fail("--source rosbag needs --bag DIR|FILE and --mapping robot.yaml")
     _check_task(task)
     ws = Workspace.from_env()
     try:
-        report = collect_step(_standalone(ws, task), ws, task, source, StandinConfig(episodes=episodes, seed=seed), folder)
+        if source == "rosbag":
+            from flows.steps import dataset_store
+            from stages.collect.bag_mapping import load_mapping
+            from stages.collect.ingest import ingest_bag
+
+            report = ingest_bag(dataset_store(ws, task), bag, load_mapping(mapping))
+            if report.dataset is None:
+                raise ValueError(f"no dataset for task {task!r}: "
+                                 f"{'; '.join(q.reason for q in report.quarantined) or 'no episodes in the bag'}")
+        else:
+            report = collect_step(_standalone(ws, task), ws, task, source, StandinConfig(episodes=episodes, seed=seed), folder)
     except (ValueError, FileNotFoundError) as e:
         console.print(Text.assemble(("error", "red"), f": {e}"), soft_wrap=True)
         raise typer.Exit(1)

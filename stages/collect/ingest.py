@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from stages import standin
+from stages.collect import bag_logs
+from stages.collect.bag_mapping import BagMapping
 from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore, IngestReport
 
@@ -36,6 +39,17 @@ def ingest_folder(store: DatasetStore, folder: Path) -> IngestReport:
     source = f"folder:{folder.resolve()}"
     paths, newest = new_files(folder, store.watermark(source))
     return store.ingest(paths, source, watermark=newest)
+
+
+def ingest_bag(store: DatasetStore, bag: Path, mapping: BagMapping) -> IngestReport:
+    """Ingest a rosbag2 bag (directory, or one .mcap/.db3 file): what was received since its watermark (the end
+    of the bag when last ingested); stale episodes are quarantined with the reason."""
+    source = f"rosbag:{bag.resolve()}"
+    store.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=store.root) as work:
+        converted = bag_logs.convert(bag, mapping, store.task, Path(work), store.watermark(source))
+        return store.ingest([converted.log] if converted.log else [], source, watermark=converted.end_ns,
+                            refused=converted.refused)
 
 
 def record_standin(store: DatasetStore, cfg: StandinConfig, incoming: Path) -> IngestReport:

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -107,8 +108,11 @@ class DatasetStore:
         _write_atomic(qdir / f"{digest[:16]}-{path.name}.reason.json", entry.model_dump_json(indent=2))
         return entry
 
-    def ingest(self, paths: list[Path], source: str, watermark: int | None = None) -> IngestReport:
+    def ingest(self, paths: list[Path], source: str, watermark: int | None = None,
+               refused: Sequence[tuple[Path, LogError]] = ()) -> IngestReport:
         """Validate and add ``paths`` as a new version; bad files go to quarantine, the rest still ingest.
+
+        ``refused`` are files a converter already found bad (with why): they go to quarantine too.
 
         ``watermark`` (e.g. the newest mtime or run time read from ``source``) is stored only
         after the new version is committed, so an interrupted ingest re-reads next time.
@@ -116,7 +120,8 @@ class DatasetStore:
         previous = self.latest()
         old = json.loads((previous.path / "manifest.json").read_text())["files"] if previous else []
         known = {f["sha256"] for f in old} | {f["telemetry_sha256"] for f in old if "telemetry_sha256" in f}
-        added, duplicates, quarantined, entries = [], [], [], []
+        added, duplicates, entries = [], [], []
+        quarantined = [self._quarantine(path, sha256_path(path), error) for path, error in refused]
         files_dir = self.root / "files"
         files_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self.root) as work:
