@@ -21,6 +21,7 @@ from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore, dataset_files
 from stages.sim.registry import load
 from stages.twin.calibrate import CalibrateConfig, calibrate
+from tests.conftest import run_cli
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "rosbag_mapping.yaml"
 JS, CMD = "/joint_states", "/slide_controller/commands"
@@ -137,8 +138,9 @@ def test_an_episode_with_a_stale_command_stream_is_quarantined(log, mapping, tmp
     bag = write_bag(tmp_path / "run4", bag_messages(log, skip_commands=(7.0, 7.3)))  # in episode 1 (6.0–11.0 s)
     s = store(tmp_path)
     report = ingest_bag(s, bag, mapping)
-    assert report.dataset.episodes == 2 and len(report.added) == 1
+    assert report.dataset.episodes == 2 and report.added == (str(bag),)
     (q,) = report.quarantined
+    assert q.file == str(bag)
     assert q.reason.startswith(f"{bag}: episode 1, topic '{CMD}', field 'data', t=7.0")
     assert "stale: no message within 0.03 s before this tick" in q.reason
     table = logs.read(Path(s.root / "quarantine" / f"{q.sha256[:16]}-run4-episode1.parquet"))
@@ -211,3 +213,36 @@ def test_mapping_errors_name_the_file_and_key(tmp_path):
         with pytest.raises(ValueError, match=message) as e:
             load_mapping(path)
         assert str(e.value).startswith(f"{path}: ")
+
+
+def test_joint_trajectory_commands_matched_by_joint_name(log, mapping, tmp_path):
+    """trajectory_msgs/JointTrajectory setpoints: points[0].effort of each named joint is its actuator's control."""
+    def trajectory(raw: bytes) -> bytes:
+        ctrl = TYPESTORE.deserialize_cdr(raw, "std_msgs/msg/Float64MultiArray").data
+        point = T["trajectory_msgs/msg/JointTrajectoryPoint"](
+            positions=np.zeros(0), velocities=np.zeros(0), accelerations=np.zeros(0), effort=ctrl,
+            time_from_start=T["builtin_interfaces/msg/Duration"](sec=0, nanosec=0))
+        header = T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=0, nanosec=0), frame_id="")
+        return serialize(T["trajectory_msgs/msg/JointTrajectory"](header=header, joint_names=["slider"], points=[point]),
+                         "trajectory_msgs/msg/JointTrajectory")
+
+    messages = [(t, s, trajectory(raw) if t == CMD else raw) for t, s, raw in bag_messages(log)[:300]]
+    bag = write_bag(tmp_path / "traj", messages, types=((JS, "sensor_msgs/msg/JointState"),
+                                                         (CMD, "trajectory_msgs/msg/JointTrajectory")))
+    cmd = mapping.commands.model_copy(update={"type": "trajectory_msgs/msg/JointTrajectory"})
+    report = ingest_bag(store(tmp_path), bag, mapping.model_copy(update={"commands": cmd}))
+    (path,) = dataset_files(report.dataset)
+    got = logs.columns(logs.read(path), "ctrl")
+    np.testing.assert_array_equal(got, logs.columns(logs.read(log), "ctrl")[: len(got)])
+
+
+def test_collect_command_reads_a_bag(log, tmp_path):
+    bag = write_bag(tmp_path / "cli", bag_messages(log))
+    env, unset = {"SIM2EDGE_HOME": str(tmp_path / "ws"), "COLUMNS": "200"}, ("MLFLOW_TRACKING_URI",)
+    args = ("sim2edge", "collect", "--task", "cartpole", "--source", "rosbag", "--bag", str(bag))
+    out = run_cli(*args, "--mapping", str(EXAMPLE), env=env, unset=unset)
+    assert out.returncode == 0, out.stderr
+    assert "1 new, 0 already ingested, 0 quarantined" in out.stdout
+    assert "dataset cartpole v0001 (new): 3 episodes, 750 rows" in out.stdout
+    out = run_cli(*args, env=env, unset=unset)
+    assert out.returncode == 2 and "--source rosbag needs --bag DIR|FILE and --mapping robot.yaml" in out.stdout

@@ -48,8 +48,11 @@ def ingest_bag(store: DatasetStore, bag: Path, mapping: BagMapping) -> IngestRep
     store.root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=store.root) as work:
         converted = bag_logs.convert(bag, mapping, store.task, Path(work), store.watermark(source))
-        return store.ingest([converted.log] if converted.log else [], source, watermark=converted.end_ns,
-                            refused=converted.refused)
+        report = store.ingest([converted.log] if converted.log else [], source, watermark=converted.end_ns,
+                              refused=converted.refused)
+    return report.model_copy(update={  # name the bag, not the converted files (gone with the work folder)
+        "added": (str(bag),) if report.added else (), "duplicates": (str(bag),) if report.duplicates else (),
+        "quarantined": tuple(q.model_copy(update={"file": str(bag)}) for q in report.quarantined)})
 
 
 def record_standin(store: DatasetStore, cfg: StandinConfig, incoming: Path) -> IngestReport:
