@@ -149,6 +149,15 @@ def test_an_episode_with_a_stale_command_stream_is_quarantined(log, mapping, tmp
     assert reason["reason"] == q.reason
 
 
+def test_an_episode_without_its_command_stream_is_quarantined(log, mapping, tmp_path):
+    bag = write_bag(tmp_path / "run5", bag_messages(log, skip_commands=(12.0, 17.1)))  # all of episode 2
+    report = ingest_bag(store(tmp_path), bag, mapping)
+    (q,) = report.quarantined
+    assert report.dataset.episodes == 2
+    assert f"{bag}: episode 2, topic '{CMD}', field 'data', t=12.0197" in q.reason  # the first tick's period ends 20 ms in
+    assert "the newest was 1.0" in q.reason and "250 of 250 ticks stale" in q.reason
+
+
 def _unknown_joint(messages):
     stamp = messages[5][1]
     raw = serialize(joint_state(stamp, ["slider", "elbow"], [0, 0], [0, 0]), "sensor_msgs/msg/JointState")
@@ -178,6 +187,12 @@ def test_bag_errors_name_the_bag_topic_field_and_time(case, log, mapping, tmp_pa
         ingest_bag(s, bag, mapping)
     assert str(e.value).startswith(f"{bag}: {where}") and "\n" not in str(e.value)
     assert s.latest() is None
+
+
+def test_an_unreadable_bag_is_named(mapping, tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BagError, match=f"^{tmp_path / 'empty'}: not a readable rosbag2 .*metadata"):
+        ingest_bag(store(tmp_path), tmp_path / "empty", mapping)
 
 
 def test_padded_cdr_joint_state_is_read(mapping, tmp_path):

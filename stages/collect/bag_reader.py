@@ -171,6 +171,8 @@ def read(bag: Path, mapping: BagMapping, task: Task, since_ns: int = 0) -> BagSt
                                    conn.topic, "receive time", received, start_ns)
                 cmd_t.append(received)
                 cmd_v.append(_command(bag, msg, mapping, cmd_cols, actuators, received, start_ns))
+    except ReaderError as e:
+        raise BagError(bag, f"unreadable rosbag2 storage ({e})") from None
     finally:
         reader.close()
     nu = task.model.nu
