@@ -158,6 +158,28 @@ def test_an_episode_without_its_command_stream_is_quarantined(log, mapping, tmp_
     assert "the newest was 1.0" in q.reason and "250 of 250 ticks stale" in q.reason
 
 
+def test_a_non_finite_joint_value_quarantines_its_episode(log, mapping, tmp_path):
+    def broken(stamp):  # the hinge's velocity reads NaN from 6.5 s for 30 ms
+        return serialize(joint_state(stamp - 300_000, ["hinge", "slider"], [0.1, 0.0], [np.nan, 0.0]),
+                         "sensor_msgs/msg/JointState")
+
+    messages = [(t, s, broken(s) if t == JS and 6.5e9 <= s - START < 6.53e9 else raw) for t, s, raw in bag_messages(log)]
+    report = ingest_bag(store(tmp_path), write_bag(tmp_path / "nan", messages), mapping)
+    (q,) = report.quarantined
+    assert f"nan: episode 1, topic '{JS}', field 'velocity', t=6.5" in q.reason and "'hinge' is nan, not finite" in q.reason
+    assert report.dataset.episodes == 2
+
+
+def test_a_lone_joint_state_is_an_episode_too_short_to_keep(log, mapping, tmp_path):
+    messages = bag_messages(log)[:300]
+    lone = START + 20 * 10**9
+    raw = serialize(joint_state(lone, ["hinge", "slider"], [0, 0], [0, 0]), "sensor_msgs/msg/JointState")
+    report = ingest_bag(store(tmp_path), write_bag(tmp_path / "lone", [*messages, (JS, lone, raw)]), mapping)
+    (q,) = report.quarantined
+    assert "episode 1, topic '/joint_states', field 'header.stamp', t=19.9997" in q.reason and "at least 2" in q.reason
+    assert report.dataset.episodes == 1
+
+
 def _unknown_joint(messages):
     stamp = messages[5][1]
     raw = serialize(joint_state(stamp, ["slider", "elbow"], [0, 0], [0, 0]), "sensor_msgs/msg/JointState")

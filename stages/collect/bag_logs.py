@@ -51,11 +51,20 @@ def _episode(task: Task, streams: BagStreams, span: slice, mapping: BagMapping, 
     where = [(state, resample.last_before(state.times, at, True), at, mapping.joint_state.max_age_s),
              (cmd, resample.last_before(cmd.times, at + period, False), at + period, mapping.commands.max_age_s)]
     error, values = None, []
+    if len(at) < 2:
+        error = BagError(bag, f"{len(at)} control tick; an episode needs at least 2", state.topic, "header.stamp"
+                         if mapping.joint_state.stamp == "header" else "receive time", int(at[0]), streams.start_ns, number)
     for stream, index, due, max_age in where:
         bad = resample.stale(stream.times, index, due, round(max_age * 1e9))
         picked = stream.values[np.maximum(index, 0)] if len(stream.times) else np.zeros((len(at), stream.values.shape[1]))
+        unusable = ~np.isfinite(picked).all(axis=1) & ~bad
         picked[bad] = np.nan
         values.append(picked)
+        if unusable.any() and error is None:
+            k = int(np.flatnonzero(unusable)[0])
+            field, name = stream.columns[int(np.flatnonzero(~np.isfinite(picked[k]))[0])]
+            error = BagError(bag, f"{name!r} is {picked[k][~np.isfinite(picked[k])][0]}, not finite", stream.topic,
+                             field, int(stream.times[index[k]]), streams.start_ns, number)
         if bad.any() and error is None:
             k = int(np.flatnonzero(bad)[0])
             last = (f"the newest was {(due[k] - stream.times[index[k]]) / 1e9:.6f} s old" if index[k] >= 0

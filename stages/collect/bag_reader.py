@@ -48,6 +48,8 @@ class Stream:
     field: str
     times: np.ndarray
     values: np.ndarray
+    columns: tuple[tuple[str, str], ...]
+    """Each value column's message field and joint or actuator name."""
 
 
 @dataclass(frozen=True)
@@ -175,12 +177,13 @@ def read(bag: Path, mapping: BagMapping, task: Task, since_ns: int = 0) -> BagSt
         raise BagError(bag, f"unreadable rosbag2 storage ({e})") from None
     finally:
         reader.close()
-    nu = task.model.nu
+    nu, field = task.model.nu, "data" if cmd.type == FLOAT64_MULTI_ARRAY else f"points[0].{cmd.field}"
     return BagStreams(
         state=Stream(js.topic, "position", np.array(state_t, dtype=np.int64),
-                     np.array(state_v).reshape(-1, task.model.nq + task.model.nv)),
-        commands=Stream(cmd.topic, "data" if cmd.type == FLOAT64_MULTI_ARRAY else f"points[0].{cmd.field}",
-                        np.array(cmd_t, dtype=np.int64), np.array(cmd_v).reshape(-1, nu)),
+                     np.array(state_v).reshape(-1, task.model.nq + task.model.nv),
+                     tuple((f, n) for f in ("position", "velocity") for n in sorted(joints, key=joints.get))),
+        commands=Stream(cmd.topic, field, np.array(cmd_t, dtype=np.int64), np.array(cmd_v).reshape(-1, nu),
+                        tuple((field, task.model.actuator(a).name) for a in range(nu))),
         start_ns=start_ns, end_ns=end_ns)
 
 
