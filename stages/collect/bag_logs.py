@@ -1,4 +1,6 @@
-"""A rosbag2 bag as log-format Parquet: its good episodes in one file, each stale episode in its own, with why.
+"""A rosbag2 bag as log-format Parquet: its good episodes in one file, each refused one in its own, with why.
+
+An episode is refused when a stream is stale at a tick, a value it uses is not finite, or it has under 2 ticks.
 
 Columns come from the streams resampled onto the control period (stages/collect/resample.py): ``qpos``/``qvel``
 from the joint state, ``ctrl`` from the commands, ``act`` the normalized ``clip((ctrl - default) / scale, -1, 1)``,
@@ -26,7 +28,7 @@ class BagLogs:
     log: Path | None
     """The bag's good episodes (None if it has none)."""
     refused: tuple[tuple[Path, BagError], ...]
-    """Each stale episode (as resampled, NaN where stale) and its reason."""
+    """Each refused episode (as resampled, NaN where stale) and its reason."""
     end_ns: int
     """The bag's end: the watermark after ingesting it."""
 
@@ -44,7 +46,7 @@ def observations(task: Task, qpos: np.ndarray, qvel: np.ndarray, act: np.ndarray
 
 def _episode(task: Task, streams: BagStreams, span: slice, mapping: BagMapping, number: int, bag: Path,
              device_id: str) -> tuple[pa.Table, BagError | None]:
-    """One episode's rows, and the reason it is stale (None if it is not)."""
+    """One episode's rows, and the first reason to refuse it (None if it is good)."""
     period = round(task.ctrl_dt * 1e9)
     state, cmd = streams.state, streams.commands
     at = resample.ticks(int(state.times[span.start]), int(state.times[span.stop - 1]), period)
