@@ -46,10 +46,9 @@ _HIDDEN: dict[str, PhysicalParams] = {
 
 
 _PER_JOINT: dict[str, PhysicalParams] = {
-    "reacher": PhysicalParams(friction=0.04, latency_steps=1, obs_noise=0.002,
-                              damping_by_joint={"joint0": 1.6, "joint1": 0.7},
+    "reacher": PhysicalParams(latency_steps=1, obs_noise=0.002, damping_by_joint={"joint0": 1.6, "joint1": 0.7},
                               gain_by_actuator={"joint0": 0.95, "joint1": 0.75},
-                              friction_by_joint={"joint0": 0.5, "joint1": 1.5}),
+                              friction_by_joint={"joint0": 0.02, "joint1": 0.06}),
 }
 
 
@@ -64,17 +63,17 @@ def hidden_params(task: str, profile: str = "global") -> PhysicalParams:
 
 
 def _drawn_per_joint(task: str, base: PhysicalParams) -> PhysicalParams:
-    """Per-joint multipliers around ``base``: damping ×U(0.6, 1.6), gain ×U(0.75, 1.05), friction ×U(0.5, 1.5)."""
+    """Per-joint shifts around ``base``: damping ×U(0.6, 1.6), gain ×U(0.75, 1.05), friction ``base`` ×U(0.5, 1.5)."""
     from stages.sim.registry import load  # the registry imports the tasks, which import this module's users
 
     model = load(task).model
     dofs = np.flatnonzero(actuated_dofs(model))
     joints = [str(model.joint(int(j)).name) for j in range(model.njnt) if model.jnt_dofadr[j] in dofs]
     rng = np.random.default_rng(zlib.crc32(task.encode()))
-    draw = lambda names, low, high: {n: round(float(v), 3) for n, v in zip(names, rng.uniform(low, high, len(names)))}
+    draw = lambda names, low, high: {n: round(float(v), 3) for n, v in zip(names, rng.uniform(low, high, len(names)))}  # noqa: E731
     return base.model_copy(update={"damping_by_joint": draw(joints, 0.6, 1.6),
                                    "gain_by_actuator": draw(actuator_names(model), 0.75, 1.05),
-                                   "friction_by_joint": draw(joints, 0.5, 1.5)})
+                                   "friction_by_joint": draw(joints, 0.5 * base.friction, 1.5 * base.friction)})
 
 
 def robot_id(task: str, profile: str = "global") -> str:

@@ -9,10 +9,10 @@ unchanged, so it is a payload-like scale). ``friction`` is absolute: Coulomb fri
 ``frictionloss``, in joint units: N or N m) added on every actuated joint. Then ``latency_steps``
 (action delay in control steps) and ``obs_noise`` (std of additive Gaussian observation noise).
 
-Per element, optional multipliers on top of those: ``damping_by_joint``, ``armature_by_joint`` and
-``friction_by_joint`` (keyed by MJCF joint name; friction: a multiple of ``friction`` on that joint) and
-``gain_by_actuator`` (keyed by actuator name, or for an unnamed actuator the name of the joint it drives).
-Empty (the default) means every element takes the global value.
+Per element, optional values on top of those: multipliers ``damping_by_joint`` and ``armature_by_joint``
+(keyed by MJCF joint name) and ``gain_by_actuator`` (keyed by actuator name, or for an unnamed actuator the
+name of the joint it drives); ``friction_by_joint`` is absolute, like ``friction``, and replaces it on that
+joint. Empty (the default) means every element takes the global value.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class PhysicalParams(BaseModel):
     obs_noise: float = Field(0.0, ge=0, description="Std of additive observation noise.")
     damping_by_joint: dict[str, float] = Field(default_factory=dict, description="Multiplier on ``damping`` per joint.")
     armature_by_joint: dict[str, float] = Field(default_factory=dict, description="Multiplier on ``armature`` per joint.")
-    friction_by_joint: dict[str, float] = Field(default_factory=dict, description="Multiplier on ``friction`` per joint.")
+    friction_by_joint: dict[str, float] = Field(default_factory=dict, description="Friction (N or N m) per actuated "
+                                                "joint, in place of ``friction``.")
     gain_by_actuator: dict[str, float] = Field(default_factory=dict,
                                                description="Multiplier on ``actuator_gain`` per actuator.")
 
@@ -79,9 +80,9 @@ _JOINT_DOFS = {int(mujoco.mjtJoint.mjJNT_FREE): 6, int(mujoco.mjtJoint.mjJNT_BAL
                int(mujoco.mjtJoint.mjJNT_SLIDE): 1, int(mujoco.mjtJoint.mjJNT_HINGE): 1}
 
 
-def _per_dof(model: mujoco.MjModel, by_joint: dict[str, float]) -> np.ndarray:
-    """(nv,) multipliers from a per-joint-name dict (1 elsewhere)."""
-    out = np.ones(model.nv)
+def _per_dof(model: mujoco.MjModel, by_joint: dict[str, float], default: float = 1.0) -> np.ndarray:
+    """(nv,) values from a per-joint-name dict (``default`` elsewhere)."""
+    out = np.full(model.nv, default)
     for name, value in by_joint.items():
         j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
         if j < 0:
@@ -116,7 +117,7 @@ def apply_params(
     actuated = actuated_dofs(nominal) if actuated is None else actuated
     model.dof_damping[:] = nominal.dof_damping * params.damping * _per_dof(nominal, params.damping_by_joint)
     model.dof_armature[:] = nominal.dof_armature * params.armature * _per_dof(nominal, params.armature_by_joint)
-    friction = params.friction * _per_dof(nominal, params.friction_by_joint)
+    friction = _per_dof(nominal, params.friction_by_joint, params.friction)
     model.dof_frictionloss[:] = nominal.dof_frictionloss + np.where(actuated, friction, 0.0)
     # force = gain·ctrl + bias₁·length + bias₂·velocity: scaling gain and both bias terms scales a motor's
     # torque and a servo's kp and kv alike, and keeps a servo's setpoint where it was
