@@ -335,6 +335,7 @@ def write_mjcf(task: Task, params: PhysicalParams, path: Path) -> None:
     rewritten at full precision (the XML lists joints, bodies and actuators in model order)."""
     spec = mujoco.MjSpec.from_file(str(task.mjcf))
     model = apply_params(spec.compile(), task.model, params, task.mass_mask)
+    # set in the spec too, so that the writer emits them (a shortcut such as <motor> becomes <general gainprm=…>)
     for joint in spec.joints:
         dof = model.jnt_dofadr[joint.id]
         joint.damping[0], joint.armature = model.dof_damping[dof], model.dof_armature[dof]
