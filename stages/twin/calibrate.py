@@ -204,21 +204,25 @@ class JointSearch:
             "friction_by_joint": {j: v for u, v in friction.items() for j in self.units[u]}})
 
 
-def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> CMA:
+def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> PhysicalParams:
     """CMA-ES on the per-joint values x, minimising the replay MSE plus a Gaussian prior on the log-multipliers
     around the global fit: the MAP estimate mse + noise² · |x|² / (prior_width² · n) with residuals of std
     ``noise`` (the sensor noise estimate), counting n = windows × replayed joints of them as independent
-    (steps within a window are correlated)."""
+    (steps within a window are correlated). Returns the search's mean, or the global fit where that scores better."""
     n = len(replayer.win.start) * len(replayer.joints)
     weight = noise**2 / (cfg.prior_width**2 * n)
     dim = len(search.bounds)
     optimizer = CMA(mean=search.start, sigma=min(0.2, cfg.prior_width), bounds=search.bounds, seed=cfg.seed,
                     population_size=max(cfg.population, 4 + int(3 * np.log(dim))))
+    def scores(xs: list[np.ndarray]) -> list[float]:
+        errs = replayer.errors([search.params(x) for x in xs])
+        return [float(e**2 + weight * x[search.scaled] @ x[search.scaled]) for x, e in zip(xs, errs)]
+
     for _ in range(cfg.joint_generations):
         xs = [optimizer.ask() for _ in range(optimizer.population_size)]
-        errs = replayer.errors([search.params(x) for x in xs])
-        optimizer.tell([(x, float(e**2 + weight * x[search.scaled] @ x[search.scaled])) for x, e in zip(xs, errs)])
-    return optimizer
+        optimizer.tell(list(zip(xs, scores(xs))))
+    mean, start = scores([optimizer.mean, search.start])
+    return search.params(optimizer.mean if mean <= start else search.start)
 
 
 def misfit(replayer: Replayer, fitted: PhysicalParams, ratio: float, seed: int) -> Misfit:
@@ -280,8 +284,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     global_fit = fitted
     joint_search = JointSearch(task, fitted, cfg.groups)
     if cfg.joint_generations:
-        joint_opt = fit_joints(replayer, joint_search, cfg, noise_estimate(replayer, fitted))
-        fitted = joint_search.params(joint_opt.mean)
+        fitted = fit_joints(replayer, joint_search, cfg, noise_estimate(replayer, fitted))
     fitted = fitted.model_copy(update={"obs_noise": noise_estimate(replayer, fitted)})
     before, global_after, after = replayer.errors([prior, global_fit, fitted]).tolist()
     leftover = misfit(replayer, fitted, cfg.misfit_ratio, cfg.seed)
