@@ -62,6 +62,19 @@ class Dataset(Artifact):
     rows: int
 
 
+class Misfit(BaseModel):
+    """How far the calibrated twin's replay error stays above what sensor noise explains."""
+
+    model_config = ConfigDict(frozen=True)
+    ratio: float
+    """Replay error after calibration over the noise floor (the error noise alone would leave)."""
+    noise_floor: float
+    joint_error: dict[str, float]
+    """Replay error per replayed joint, named by MJCF joint name."""
+    worst_joints: tuple[str, ...] = ()
+    """Joints whose own error exceeds the threshold ratio, worst first (empty: the twin fits)."""
+
+
 class TwinSpec(Artifact):
     """The calibrated digital twin: fitted parameters, their uncertainty and the data they came from."""
 
@@ -75,6 +88,8 @@ class TwinSpec(Artifact):
     """The reference robot's hidden parameters when the data came from the stand-in (for checking only)."""
     replay_error_before: float
     replay_error_after: float
+    misfit: Misfit | None = None
+    """Set by calibration: the leftover error and the joints it sits on."""
 
 
 class Checkpoint(Artifact):

@@ -8,6 +8,11 @@ motor's torque per unit control, a position servo's stiffness and damping, not i
 unchanged, so it is a payload-like scale). ``friction`` is absolute: Coulomb friction (MuJoCo
 ``frictionloss``, in joint units: N or N m) added on every actuated joint. Then ``latency_steps``
 (action delay in control steps) and ``obs_noise`` (std of additive Gaussian observation noise).
+
+Per element, optional values on top of those: multipliers ``damping_by_joint`` and ``armature_by_joint``
+(keyed by MJCF joint name) and ``gain_by_actuator`` (keyed by actuator name, or for an unnamed actuator the
+name of the joint it drives); ``friction_by_joint`` is absolute, like ``friction``, and replaces it on that
+joint. Empty (the default) means every element takes the global value.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ class PhysicalParams(BaseModel):
     friction: float = Field(0.0, ge=0, description="Coulomb friction added on every actuated joint (N or N m).")
     latency_steps: int = Field(0, ge=0, description="Action delay in control steps.")
     obs_noise: float = Field(0.0, ge=0, description="Std of additive observation noise.")
+    damping_by_joint: dict[str, float] = Field(default_factory=dict, description="Multiplier on ``damping`` per joint.")
+    armature_by_joint: dict[str, float] = Field(default_factory=dict, description="Multiplier on ``armature`` per joint.")
+    friction_by_joint: dict[str, float] = Field(default_factory=dict, description="Friction (N or N m) per actuated "
+                                                "joint, in place of ``friction``.")
+    gain_by_actuator: dict[str, float] = Field(default_factory=dict,
+                                               description="Multiplier on ``actuator_gain`` per actuator.")
 
 
 class Randomization(BaseModel):
@@ -54,6 +65,45 @@ def actuated_dofs(model: mujoco.MjModel) -> np.ndarray:
     return mask
 
 
+def actuator_names(model: mujoco.MjModel) -> list[str]:
+    """Each actuator's key in ``gain_by_actuator``: its MJCF name, or the name of the joint it drives."""
+    names = []
+    for a in range(model.nu):
+        name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_ACTUATOR, a)
+        if not name and model.actuator_trntype[a] == mujoco.mjtTrn.mjTRN_JOINT:
+            name = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, model.actuator_trnid[a, 0])
+        names.append(name or f"actuator{a}")
+    return names
+
+
+_JOINT_DOFS = {int(mujoco.mjtJoint.mjJNT_FREE): 6, int(mujoco.mjtJoint.mjJNT_BALL): 3,
+               int(mujoco.mjtJoint.mjJNT_SLIDE): 1, int(mujoco.mjtJoint.mjJNT_HINGE): 1}
+
+
+def _per_dof(model: mujoco.MjModel, by_joint: dict[str, float], default: float = 1.0) -> np.ndarray:
+    """(nv,) values from a per-joint-name dict (``default`` elsewhere)."""
+    out = np.full(model.nv, default)
+    for name, value in by_joint.items():
+        j = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, name)
+        if j < 0:
+            raise KeyError(f"no joint named {name!r}")
+        dof = model.jnt_dofadr[j]
+        out[dof : dof + _JOINT_DOFS[int(model.jnt_type[j])]] = value
+    return out
+
+
+def _per_actuator(model: mujoco.MjModel, by_actuator: dict[str, float]) -> np.ndarray:
+    """(nu,) multipliers from a per-actuator-name dict (1 elsewhere)."""
+    out = np.ones(model.nu)
+    if by_actuator:
+        index = {name: a for a, name in enumerate(actuator_names(model))}
+        for name, value in by_actuator.items():
+            if name not in index:
+                raise KeyError(f"no actuator named {name!r} (known: {sorted(index)})")
+            out[index[name]] = value
+    return out
+
+
 def apply_params(
     model: mujoco.MjModel, nominal: mujoco.MjModel, params: PhysicalParams, mass_mask: np.ndarray,
     actuated: np.ndarray | None = None,
@@ -65,13 +115,15 @@ def apply_params(
     """
     scale = np.where(mass_mask, params.mass, 1.0)
     actuated = actuated_dofs(nominal) if actuated is None else actuated
-    model.dof_damping[:] = nominal.dof_damping * params.damping
-    model.dof_armature[:] = nominal.dof_armature * params.armature
-    model.dof_frictionloss[:] = nominal.dof_frictionloss + np.where(actuated, params.friction, 0.0)
+    model.dof_damping[:] = nominal.dof_damping * params.damping * _per_dof(nominal, params.damping_by_joint)
+    model.dof_armature[:] = nominal.dof_armature * params.armature * _per_dof(nominal, params.armature_by_joint)
+    friction = _per_dof(nominal, params.friction_by_joint, params.friction)
+    model.dof_frictionloss[:] = nominal.dof_frictionloss + np.where(actuated, friction, 0.0)
     # force = gain·ctrl + bias₁·length + bias₂·velocity: scaling gain and both bias terms scales a motor's
     # torque and a servo's kp and kv alike, and keeps a servo's setpoint where it was
-    model.actuator_gainprm[:, 0] = nominal.actuator_gainprm[:, 0] * params.actuator_gain
-    model.actuator_biasprm[:, 1:3] = nominal.actuator_biasprm[:, 1:3] * params.actuator_gain
+    gain = params.actuator_gain * _per_actuator(nominal, params.gain_by_actuator)
+    model.actuator_gainprm[:, 0] = nominal.actuator_gainprm[:, 0] * gain
+    model.actuator_biasprm[:, 1:3] = nominal.actuator_biasprm[:, 1:3] * gain[:, None]
     model.body_mass[:] = nominal.body_mass * scale
     model.body_inertia[:] = nominal.body_inertia * scale[:, None]
     return model

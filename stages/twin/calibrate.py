@@ -8,12 +8,21 @@ log-scales of the scale parameters and a normalized friction; a whole generation
 best one is fitted to the end. Afterwards each parameter's sensitivity (how much a 10%
 change raises the replay error) is measured; a parameter the data cannot pin down is
 flagged unidentifiable and held at its prior instead of being silently fitted.
+
+The global fit is then the prior of a per-joint one: CMA-ES fits, per actuated joint (or per ``groups``
+entry: joints that share hardware), log-multipliers on damping and on the gain of the actuators driving
+it, with a Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit,
+and its friction. Last, the leftover replay error is compared with
+the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
+misfits. Beside ``twin.json`` the identified model is written as ``twin.xml`` (MJCF).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
+from xml.etree import ElementTree
 from pathlib import Path
 
 import mujoco
@@ -24,11 +33,11 @@ from mujoco import rollout
 from pydantic import BaseModel, ConfigDict, Field
 
 from stages import logs, standin
-from stages.artifacts import Dataset, TwinSpec, atomic_dir, sha256_json
+from stages.artifacts import Dataset, Misfit, TwinSpec, atomic_dir, sha256_json
 from stages.collect.store import dataset_files
 from stages.sim.env import STATE_SPEC
 from stages.sim.disturbance import peak_forces
-from stages.sim.params import PhysicalParams, apply_params
+from stages.sim.params import PhysicalParams, actuated_dofs, actuator_names, apply_params
 from stages.sim.registry import load
 from stages.sim.task import Task
 
@@ -38,6 +47,9 @@ LOG_SCALED = ("damping", "actuator_gain", "mass")
 FRICTION_RANGE = 0.2
 PROBE = 1.1
 """Sensitivity probe: each fitted parameter scaled by 1.1 and 1/1.1 (friction: at least 1% of the max effort)."""
+JOINT_FRICTION_UNIT = 0.01
+"""The per-joint fit's friction unit, × max actuator effort: a CMA-ES step of 0.2 is 0.2% of the effort."""
+log = logging.getLogger(__name__)
 
 
 class CalibrateConfig(BaseModel):
@@ -50,6 +62,12 @@ class CalibrateConfig(BaseModel):
     population: int = Field(8, ge=4)
     min_sensitivity: float = Field(0.02, ge=0, description="A 10% change must raise the replay error by this fraction, "
                                                           "else the parameter is unidentifiable.")
+    joint_generations: int = Field(80, ge=0, description="CMA-ES generations of the per-joint fit (0: global only).")
+    prior_width: float = Field(0.3, gt=0, description="1σ of the per-joint log-multipliers' prior around the global fit.")
+    groups: dict[str, tuple[str, ...]] = Field(default_factory=dict, description="Joints that share hardware, "
+                                               "fitted as one multiplier: {group name: joint names}.")
+    misfit_ratio: float = Field(2.0, gt=1, description="Replay error over the noise floor above which the twin "
+                                                       "reports a misfit.")
     seed: int = 0
     nthread: int = 2
 
@@ -93,15 +111,17 @@ class Replayer:
         self.datas = [mujoco.MjData(task.model) for _ in range(nthread)]
         self.joints = task.replayed_qpos
 
-    def replay(self, candidates: list[PhysicalParams]) -> np.ndarray:
-        """Replayed joint positions of each candidate (uses its ``latency_steps``): (C, W, T, nq)."""
+    def replay(self, candidates: list[PhysicalParams], start: np.ndarray | None = None) -> np.ndarray:
+        """Replayed joint positions of each candidate (uses its ``latency_steps``), from the windows' start states
+        or ``start``: (C, W, T, nq)."""
         task, n = self.task, len(self.win.start)
+        start = self.win.start if start is None else start
         models = [apply_params(copy.deepcopy(task.model), task.model, p, task.mass_mask) for p in candidates]
         control = np.concatenate([self.win.control[p.latency_steps] for p in candidates])
         nstep = control.shape[1]
         state = np.empty((len(control), nstep, self.win.start.shape[1]))
         sensors = np.empty((len(control), nstep, task.model.nsensordata))
-        self.pool.rollout([m for m in models for _ in range(n)], self.datas, np.tile(self.win.start, (len(models), 1)),
+        self.pool.rollout([m for m in models for _ in range(n)], self.datas, np.tile(start, (len(models), 1)),
                           control, nstep=nstep, skip_checks=True, state=state, sensordata=sensors)
         qpos = state[:, task.decimation - 1 :: task.decimation, 1 : 1 + task.model.nq]
         return qpos.reshape(len(models), n, -1, task.model.nq)
@@ -152,6 +172,77 @@ def _fit(replayer: Replayer, search: Search, latency: int, generations: int, cfg
     return optimizer, best
 
 
+class JointSearch:
+    """The per-joint search space, per unit (an actuated joint, or one group of ``CalibrateConfig.groups``):
+    log-multipliers on damping and on the gain of the actuators driving it, and its friction in units of
+    ``JOINT_FRICTION_UNIT`` × max effort, up to ``FRICTION_RANGE`` × max effort (started at the global fit's)."""
+
+    def __init__(self, task: Task, fitted: PhysicalParams, groups: dict[str, tuple[str, ...]]) -> None:
+        model = task.model
+        dofs = np.flatnonzero(actuated_dofs(model))
+        actuated = [str(model.joint(j).name) for j in range(model.njnt) if model.jnt_dofadr[j] in dofs]
+        grouped = {j for joints in groups.values() for j in joints}
+        if unknown := grouped - set(actuated):
+            raise ValueError(f"groups name joints that are not actuated joints of {task.name}: {sorted(unknown)}")
+        self.units = {**{g: tuple(j) for g, j in groups.items()}, **{j: (j,) for j in actuated if j not in grouped}}
+        drives = {a: str(model.joint(model.actuator_trnid[i, 0]).name) for i, a in enumerate(actuator_names(model))
+                  if model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT}
+        self.actuators = {u: tuple(a for a, j in drives.items() if j in joints) for u, joints in self.units.items()}
+        self.fitted, self.friction_unit, n = fitted, JOINT_FRICTION_UNIT * max_effort(task), len(self.units)
+        self.bounds = np.array([np.log([0.2, 5.0])] * 2 * n + [[0.0, FRICTION_RANGE / JOINT_FRICTION_UNIT]] * n)
+        self.start = np.r_[np.zeros(2 * n), np.full(n, fitted.friction / self.friction_unit)]
+        self.scaled = slice(0, 2 * n)
+        """The log-multipliers, on which the prior acts."""
+
+    def params(self, x: np.ndarray) -> PhysicalParams:
+        n = len(self.units)
+        damping, gain, friction = (dict(zip(self.units, map(float, v))) for v in (np.exp(x[:n]), np.exp(x[n : 2 * n]),
+                                                                                  x[2 * n :] * self.friction_unit))
+        return self.fitted.model_copy(update={
+            "damping_by_joint": {j: v for u, v in damping.items() for j in self.units[u]},
+            "gain_by_actuator": {a: v for u, v in gain.items() for a in self.actuators[u]},
+            "friction_by_joint": {j: v for u, v in friction.items() for j in self.units[u]}})
+
+
+def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> PhysicalParams:
+    """CMA-ES on the per-joint values x, minimising the replay MSE plus a Gaussian prior on the log-multipliers
+    around the global fit: the MAP estimate mse + noise² · |x|² / (prior_width² · n) with residuals of std
+    ``noise`` (the sensor noise estimate), counting n = windows × replayed joints of them as independent
+    (steps within a window are correlated). Returns the search's mean, or the global fit where that scores better."""
+    n = len(replayer.win.start) * len(replayer.joints)
+    weight = noise**2 / (cfg.prior_width**2 * n)
+    dim = len(search.bounds)
+    optimizer = CMA(mean=search.start, sigma=min(0.2, cfg.prior_width), bounds=search.bounds, seed=cfg.seed,
+                    population_size=max(cfg.population, 4 + int(3 * np.log(dim))))
+    def scores(xs: list[np.ndarray]) -> list[float]:
+        errs = replayer.errors([search.params(x) for x in xs])
+        return [float(e**2 + weight * x[search.scaled] @ x[search.scaled]) for x, e in zip(xs, errs)]
+
+    for _ in range(cfg.joint_generations):
+        xs = [optimizer.ask() for _ in range(optimizer.population_size)]
+        optimizer.tell(list(zip(xs, scores(xs))))
+    mean, start = scores([optimizer.mean, search.start])
+    return search.params(optimizer.mean if mean <= start else search.start)
+
+
+def misfit(replayer: Replayer, fitted: PhysicalParams, ratio: float, seed: int) -> Misfit:
+    """The leftover replay error against the noise floor: the error the twin itself would show with the logs'
+    sensor noise (``fitted.obs_noise``) on the start states and on the targets."""
+    task, win, sigma = replayer.task, replayer.win, fitted.obs_noise
+    m, joints = task.model, replayer.joints
+    noisy = win.start.copy()
+    noisy[:, 1 : 1 + m.nq + m.nv] += np.random.default_rng(seed).normal(0, sigma, (len(noisy), m.nq + m.nv))
+    clean, perturbed = replayer.replay([fitted]), replayer.replay([fitted], noisy)
+    floor = np.sqrt(((perturbed - clean)[..., joints] ** 2).mean(axis=(0, 1, 2)) + sigma**2)
+    error = np.sqrt(((clean - win.target)[..., joints] ** 2).mean(axis=(0, 1, 2)))
+    names = [str(m.joint(int(np.searchsorted(m.jnt_qposadr, q, side="right") - 1)).name) for q in joints]
+    total = float(np.sqrt((error**2).mean()) / np.sqrt((floor**2).mean()))
+    worst = sorted((i for i in range(len(joints)) if error[i] > ratio * floor[i]), key=lambda i: -error[i] / floor[i])
+    return Misfit(ratio=total, noise_floor=float(np.sqrt((floor**2).mean())),
+                  joint_error=dict(zip(names, map(float, error))),
+                  worst_joints=tuple(names[i] for i in worst) if total > ratio else ())
+
+
 def sensitivity(replayer: Replayer, fitted: PhysicalParams, error: float) -> dict[str, float]:
     """Per fitted parameter: relative rise of the replay error when it is scaled by 1.1 and 1/1.1 (mean).
 
@@ -190,8 +281,16 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     sens = sensitivity(replayer, fitted, after)
     unidentified = tuple(name for name in FITTED if sens[name] < cfg.min_sensitivity)
     fitted = fitted.model_copy(update={name: getattr(prior, name) for name in unidentified})
+    global_fit = fitted
+    joint_search = JointSearch(task, fitted, cfg.groups)
+    if cfg.joint_generations:
+        fitted = fit_joints(replayer, joint_search, cfg, noise_estimate(replayer, fitted))
     fitted = fitted.model_copy(update={"obs_noise": noise_estimate(replayer, fitted)})
-    before, after = replayer.errors([prior, fitted]).tolist()
+    before, global_after, after = replayer.errors([prior, global_fit, fitted]).tolist()
+    leftover = misfit(replayer, fitted, cfg.misfit_ratio, cfg.seed)
+    if leftover.worst_joints:
+        log.warning("%s twin misfit: replay error %.3g is %.1f× the noise floor %.3g, mostly on %s",
+                    dataset.task, after, leftover.ratio, leftover.noise_floor, ", ".join(leftover.worst_joints))
     cov = optimizer._C
     corr = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
     uncertainty = {name: float(s) for name, s in zip(FITTED, search.relative_sigma(optimizer, fitted))
@@ -210,21 +309,65 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         "dataset_version": dataset.version,
         "robots": robots,
         "replay_error_before": before,
+        "replay_error_global": global_after,
         "replay_error_after": after,
+        "misfit": leftover.model_dump(),
         "windows": len(replayer.win.start),
         "window_steps": cfg.window,
     }
-    if robots and all(r.startswith(standin.LABEL) for r in robots):
+    profiles = {standin.profile_of(r) for r in robots}
+    truth = standin.hidden_params(task.name, profiles.pop()) if len(profiles) == 1 and None not in profiles else None
+    if truth is not None:
         spec["standin_truth"] = {"label": f"{standin.LABEL} hidden truth: for checking only, never used by the fit",
-                                 **standin.hidden_params(task.name).model_dump()}
+                                 **truth.model_dump()}
     digest = sha256_json(spec)
     with atomic_dir(out_dir) as tmp:
         (tmp / "twin.json").write_text(json.dumps({**spec, "digest": digest}, indent=2))
+        write_mjcf(task, fitted, tmp / "twin.xml")
         plot_replay(task, replayer, prior, fitted, tmp / "replay.png")
-    truth = standin.hidden_params(task.name) if "standin_truth" in spec else None
     return TwinSpec(path=out_dir / "twin.json", digest=digest, task=dataset.task, params=fitted, uncertainty=uncertainty,
                     unidentified=unidentified, dataset_digest=dataset.digest, standin_truth=truth, replay_error_before=before,
-                    replay_error_after=after)
+                    replay_error_after=after, misfit=leftover)
+
+
+def write_mjcf(task: Task, params: PhysicalParams, path: Path) -> None:
+    """The task's MJCF with ``params`` written into it (damping, armature, friction per joint, gain per actuator,
+    mass and inertia of the scaled bodies), as ``MjModel.from_xml_path`` loads it back.
+
+    ``MjSpec`` sets the values; its writer prints 6 significant digits, so the changed attributes are then
+    rewritten at full precision (the XML lists joints, bodies and actuators in model order)."""
+    spec = mujoco.MjSpec.from_file(str(task.mjcf))
+    model = apply_params(spec.compile(), task.model, params, task.mass_mask)
+    # set in the spec too, so that the writer emits them (a shortcut such as <motor> becomes <general gainprm=…>)
+    for joint in spec.joints:
+        dof = model.jnt_dofadr[joint.id]
+        joint.damping[0], joint.armature = model.dof_damping[dof], model.dof_armature[dof]
+        joint.frictionloss = model.dof_frictionloss[dof]
+    for actuator in spec.actuators:
+        actuator.gainprm[:] = model.actuator_gainprm[actuator.id]
+        actuator.biasprm[:] = model.actuator_biasprm[actuator.id]
+    scaled = params.mass != 1.0
+    if scaled:
+        spec.compiler.inertiafromgeom = mujoco.mjtInertiaFromGeom.mjINERTIAFROMGEOM_AUTO
+        for body in spec.bodies:
+            if task.mass_mask[body.id]:
+                body.explicitinertial, body.mass, body.inertia = True, model.body_mass[body.id], model.body_inertia[body.id]
+                body.ipos, body.iquat = model.body_ipos[body.id], model.body_iquat[body.id]
+    root = ElementTree.fromstring(spec.to_xml())
+    exact = lambda values: " ".join(repr(float(v)) for v in np.atleast_1d(values))  # noqa: E731
+    world = root.find("worldbody")
+    for j, element in enumerate(e for e in world.iter() if e.tag in ("joint", "freejoint")):
+        dof = model.jnt_dofadr[j]
+        if element.tag == "joint":
+            element.attrib.update(damping=exact(model.dof_damping[dof]), armature=exact(model.dof_armature[dof]),
+                                  frictionloss=exact(model.dof_frictionloss[dof]))
+    for a, element in enumerate(root.find("actuator") if model.nu else []):
+        element.attrib.update(gainprm=exact(model.actuator_gainprm[a]), biasprm=exact(model.actuator_biasprm[a]))
+    for b, body in enumerate(world.iter("body"), start=1):
+        if scaled and task.mass_mask[b]:
+            body.find("inertial").attrib.update(mass=exact(model.body_mass[b]), diaginertia=exact(model.body_inertia[b]),
+                                                pos=exact(model.body_ipos[b]), quat=exact(model.body_iquat[b]))
+    path.write_text(ElementTree.tostring(root, encoding="unicode"))
 
 
 def plot_replay(task: Task, replayer: Replayer, prior: PhysicalParams, fitted: PhysicalParams, path: Path) -> None:
@@ -266,4 +409,5 @@ def twin_from_file(path: Path | None, task: str) -> TwinSpec:
                     uncertainty=spec.get("uncertainty", {}), unidentified=tuple(spec.get("unidentified", ())),
                     dataset_digest=spec.get("dataset_digest", ""),
                     standin_truth=PhysicalParams(**{k: v for k, v in truth.items() if k != "label"}) if truth else None,
-                    replay_error_before=spec["replay_error_before"], replay_error_after=spec["replay_error_after"])
+                    replay_error_before=spec["replay_error_before"], replay_error_after=spec["replay_error_after"],
+                    misfit=Misfit(**spec["misfit"]) if spec.get("misfit") else None)
