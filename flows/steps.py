@@ -14,7 +14,7 @@ from typing import Literal, Optional
 from flows.workspace import Workspace
 from registry import telemetry
 from registry.datasets import log_dataset_input
-from registry.tracking import RunContext, stage_run
+from registry.tracking import RunContext, flatten, stage_run
 from stages.artifacts import Dataset, TwinSpec
 from stages.collect.ingest import StandinConfig, ingest_folder, record_standin
 from stages.collect.store import DatasetStore, IngestReport
@@ -68,7 +68,7 @@ def calibrate_step(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out:
         log_dataset_input(ctx.client, run.run_id, dataset, "calibrate")
         twin = calibrate(cfg, dataset, out)
         run.metrics({"replay_error_before": twin.replay_error_before, "replay_error_after": twin.replay_error_after,
-                     **{f"fitted_{k}": v for k, v in twin.params.model_dump().items()}})
+                     **flatten(twin.params.model_dump(), "fitted_")})  # per-joint values as fitted_damping_by_joint.<joint>
         run.tags({"sim2edge.twin_digest": twin.digest, "sim2edge.dataset_digest": dataset.digest,
                   "sim2edge.unidentified": ",".join(twin.unidentified) or "none"})
         run.artifact(out, "twin")
