@@ -132,5 +132,6 @@ class GymVectorEnv(gym.vector.VectorEnv):
 
     @staticmethod
     def _row_axis(name: str) -> int:
-        """The environment axis of a batched-env array: (N, ...), but the action queue is (latency, N, nu)."""
-        return 1 if name == "_action_queue" else 0
+        """The environment axis of a batched-env array: (N, ...), but the action queue is (latency, N, nu) and the
+        observation history (delay, N, obs_dim)."""
+        return 1 if name in ("_action_queue", "_obs_history") else 0
