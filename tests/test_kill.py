@@ -40,7 +40,7 @@ def test_sigkill_during_training_then_the_next_run(tmp_path):
     assert client.get_run(killed).info.status == "RUNNING"  # nobody could mark it
     outputs = home / "runs" / killed
     assert sorted(p.name for p in outputs.iterdir()) == ["twin"]  # only finished stages wrote anything
-    assert {p.name for p in (outputs / "twin").iterdir()} == {"twin.json", "replay.png"}
+    assert {p.name for p in (outputs / "twin").iterdir()} == {"twin.json", "twin.xml", "replay.png"}
 
     again = run_cli("sim2edge", "run", "--iterations", "2", "--eval-episodes", "4", env=env,
                     unset=("MLFLOW_TRACKING_URI", "PREFECT_API_URL"))
