@@ -44,7 +44,7 @@ def reserve_version(client: MlflowClient, name: str, run_id: str, source: str, t
 
 def current_champion(client: MlflowClient, name: str) -> str | None:
     try:
-        return client.get_model_version_by_alias(name, CHAMPION).version
+        return str(client.get_model_version_by_alias(name, CHAMPION).version)  # an int from SQL stores
     except MlflowException as e:
         if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
             return None
