@@ -15,6 +15,7 @@ from stages.sim.arm6 import Arm6
 from stages.sim.cartpole import CartPole
 from stages.sim.env import BatchedEnv
 from stages.sim.task import Command, Term
+from tests.test_tasks import fails
 
 RESAMPLE = 10
 
@@ -86,13 +87,6 @@ def test_the_io_contract_marks_commands(task):
     assert [t["name"] for t in terms if t.get("source") == "command"] == ["cart_goal"]
     arm = IOSpec.from_task(registry.load("arm6")).manifest_io("obs", "action")["input"]["terms"]
     assert [t["name"] for t in arm if t.get("source") == "command"] == ["target_x", "target_y", "target_z"]
-
-
-def fails(monkeypatch, cls, match: str) -> None:
-    monkeypatch.setitem(registry._FACTORIES, "broken", cls)
-    monkeypatch.delitem(registry._BUILT, "broken", raising=False)
-    with pytest.raises(ValueError, match=match):
-        registry.load("broken")
 
 
 def test_malformed_commands_are_named(monkeypatch):
