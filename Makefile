@@ -37,9 +37,9 @@ strace:
 	@command -v strace >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q strace >/dev/null \
 		|| { apt-get update -q >/dev/null && apt-get install -y -q strace >/dev/null; } || true
 
-# -rs: every skip says why; under CI=true a skip for chromium, Docker, strace or namespaces fails (tests/ci_skips.py)
+# -rs: every skip says why; --durations: the slowest tests, to keep the suite near 25 min; under CI=true a skip for chromium, Docker, strace or namespaces fails (tests/ci_skips.py)
 test: setup browser docker strace
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider tests
 
 # The reference in docs/ (MkDocs, Material theme) into site/; --strict fails on a broken link, anchor or nav entry.
 docs: setup

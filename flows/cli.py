@@ -44,8 +44,7 @@ def run(
                                               "eval_episodes": eval_episodes,
                                               "train": {"minutes": minutes} if minutes is not None else None})
     except RunConfigError as e:
-        console.print(Text.assemble(("error", "red"), f": {e}"), highlight=False)
-        raise typer.Exit(2)
+        _fail(str(e))
     ws = Workspace.from_env()
     ws.home.mkdir(parents=True, exist_ok=True)
     ws.configure_prefect()
@@ -80,8 +79,7 @@ def _check_task(task: str) -> None:
     try:
         load(task)
     except (KeyError, ImportError, AttributeError, ValueError) as e:
-        console.print(f"[red]error[/red]: --task: {str(e).strip(chr(34))}")
-        raise typer.Exit(2)
+        _fail(f"--task: {str(e).strip(chr(34))}")
 
 
 @app.command()

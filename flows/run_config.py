@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from edge.targets import load_target
 from flows.params import SimToEdgeParams
 
 
@@ -76,6 +77,17 @@ def explain(e: ValidationError, source: str) -> RunConfigError:
     return RunConfigError(f"{source}: {key}: {err['msg']} (got {err.get('input')!r})")
 
 
+def target_problems(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
+    """The target named by the last layer that sets one, as an error if it is unknown (none if it is fine)."""
+    target = next((layer["target"] for _, layer in reversed(layers) if "target" in layer), None)
+    try:
+        if target is not None:
+            load_target(str(target))
+    except KeyError as e:
+        return [f"target: {str(e).strip(chr(34))}"]
+    return []
+
+
 def resolve(task: Optional[str], config: Optional[Path], sets: Sequence[str], options: Mapping[str, Any]) -> SimToEdgeParams:
     """The validated parameters of a run (see the module docstring for the order of layers)."""
     from stages.sim.registry import load
@@ -87,7 +99,7 @@ def resolve(task: Optional[str], config: Optional[Path], sets: Sequence[str], op
     try:
         preset = load(chosen).preset_path
     except (KeyError, ImportError, AttributeError, ValueError) as e:
-        raise RunConfigError(f"task: {str(e).strip(chr(34))}") from None
+        raise RunConfigError("; ".join([f"task: {str(e).strip(chr(34))}"] + target_problems(layers))) from None
     data: dict = {}
     for name, layer in ([(str(preset), read_yaml(preset))] if preset else []) + layers:
         data = merge(data, layer)

@@ -312,7 +312,10 @@ def test_quadruped_joint_angles_are_observed_from_the_standing_offset():
     spec = IOSpec.from_task(task)
     qpos = np.tile(task.reference_qpos, (1, 1))
     qpos[0, task.joint_qpos] += 0.1
-    obs = task.observe(qpos, np.zeros((1, task.model.nv)), np.zeros((1, task.act_dim), np.float32))[0]
+    qvel = np.zeros((1, task.model.nv))
+    command = np.zeros((1, len(task.commands)), np.float32)
+    obs = task.observe(qpos, qvel, np.zeros((1, task.act_dim), np.float32), **task.command_args(command),
+                       **task.sensor_args(task.sensordata_at(qpos, qvel)))[0]
     for i, term in enumerate(spec.observations):
         if term.name.endswith("_pos"):
             measured = qpos[0, task.joint_qpos[[a.name for a in spec.actions].index(term.name[:-4])]]
