@@ -113,7 +113,8 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
                      timings: dict[str, float], warm_start: bool) -> PipelineSummary:
     """calibrate → train (optionally from the champion) → export → evaluate (vs the champion) → package → register."""
     with timed(timings, "calibrate"):
-        twin = cached(ctx, "calibrate", out, calibrate_stage, ctx, CalibrateConfig(seed=params.seed), ds, out / "twin")
+        cfg = CalibrateConfig(**params.calibrate.model_dump(), seed=params.seed)
+        twin = cached(ctx, "calibrate", out, calibrate_stage, ctx, cfg, ds, out / "twin")
     seen = lineage.champion(ctx.client, params.policy_name)  # only this one may be replaced
     champion, champion_ckpt = champion_for(ctx, seen, load(params.task).obs_dim, out / "champion")
     start_from = champion_ckpt if warm_start else None

@@ -10,6 +10,7 @@ from edge.targets import load_target
 from stages.sim.disturbance import Disturbance
 from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
+from stages.twin.calibrate import CalibrateConfig
 from stages.twin.gate import Check, GateConfig
 
 
@@ -33,6 +34,24 @@ class TrainSettings(BaseModel):
                     "bound 0.48 < 0.5).")
 
 
+def calibration_field(name: str):
+    """The field of :class:`CalibrateConfig` called ``name``: one default and one description for both models."""
+    return CalibrateConfig.model_fields[name]
+
+
+class CalibrateSettings(BaseModel):
+    """Calibration settings of a pipeline run (the seed is the run's; see :class:`CalibrateConfig`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    window: int = calibration_field("window")
+    max_windows: int = calibration_field("max_windows")
+    generations: int = calibration_field("generations")
+    search_generations: int = calibration_field("search_generations")
+    max_latency: int = calibration_field("max_latency")
+    joint_generations: int = calibration_field("joint_generations")
+    groups: dict[str, tuple[str, ...]] = calibration_field("groups")
+
+
 class PipelineParams(BaseModel):
     """What every pipeline flow takes: task, target, training budget, evaluation and gates."""
 
@@ -44,7 +63,9 @@ class PipelineParams(BaseModel):
     num_envs: int = Field(128, ge=1, le=16384, description="Parallel simulated environments in training.")
     train: TrainSettings = Field(default_factory=TrainSettings, description="PPO settings (a task's preset sets them: "
                                                                            "`sim2edge tasks --show TASK`).")
-    seed: int = Field(0, description="Seed for collection, training and evaluation.")
+    calibrate: CalibrateSettings = Field(default_factory=CalibrateSettings, description="Twin calibration budget "
+                                         "(fewer generations or windows: faster, rougher).")
+    seed: int = Field(0, description="Seed for collection, calibration, training and evaluation.")
     train_seeds: int = Field(1, ge=1, le=64, description="Independent PPO runs (seed, seed+1, …) fanned out over the "
                                                         "task runner; the best final training return is exported.")
     eval_episodes: int = Field(32, ge=1, description="Seeded evaluation episodes per scenario of the suite.")

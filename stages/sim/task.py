@@ -151,10 +151,20 @@ class Task:
             out[i] = data.sensordata
         return out
 
+    def edit(self, spec: mujoco.MjSpec) -> None:
+        """Additions to a robot model the task does not own — a mocap goal body, sites, ``<sensor>`` elements —
+        made on its parsed ``MjSpec``, so the MJCF file stays exactly as its package ships it. Default: none."""
+
+    def spec(self) -> mujoco.MjSpec:
+        """The robot's model as this task uses it: ``mjcf`` parsed, then :meth:`edit` applied."""
+        spec = mujoco.MjSpec.from_file(str(self.mjcf))
+        self.edit(spec)
+        return spec
+
     @cached_property
     def model(self) -> mujoco.MjModel:
-        """The nominal MuJoCo model (loaded once)."""
-        return mujoco.MjModel.from_xml_path(str(self.mjcf))
+        """The nominal MuJoCo model (compiled once from :meth:`spec`)."""
+        return self.spec().compile()
 
     @cached_property
     def reference_qpos(self) -> np.ndarray:

@@ -336,7 +336,7 @@ def write_mjcf(task: Task, params: PhysicalParams, path: Path) -> None:
 
     ``MjSpec`` sets the values; its writer prints 6 significant digits, so the changed attributes are then
     rewritten at full precision (the XML lists joints, bodies and actuators in model order)."""
-    spec = mujoco.MjSpec.from_file(str(task.mjcf))
+    spec = task.spec()
     model = apply_params(spec.compile(), task.model, params, task.mass_mask)
     # set in the spec too, so that the writer emits them (a shortcut such as <motor> becomes <general gainprm=…>)
     for joint in spec.joints:

@@ -1,0 +1,115 @@
+"""``sim2edge up``, ``serve``, ``deploy`` and ``devices``: the servers, the deployments and the devices reporting."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import typer
+
+from flows.cli_output import console, fail, listing, print_json, print_listing
+from flows.workspace import Workspace
+
+
+def up(
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
+    prefect_port: int = typer.Option(4200),
+    mlflow_port: int = typer.Option(5000),
+) -> None:
+    """Start a Prefect server and an MLflow tracking server for this workspace; Ctrl-C stops both."""
+    import signal
+
+    from flows import services
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+    ws = Workspace.from_env()
+    try:
+        running = services.up(ws, host, prefect_port, mlflow_port)
+    except services.PortInUse as e:
+        fail(str(e))
+    except services.ServiceError as e:
+        fail(str(e), code=1)
+    console.print(f"Prefect UI  http://{host}:{prefect_port}\nMLflow UI   http://{host}:{mlflow_port}\n"
+                  f"workspace   {ws.home}\nCtrl-C stops both.")
+    try:
+        while all(s.process.poll() is None for s in running):
+            time.sleep(1)
+        console.print("[red]a server exited[/red]; stopping")
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        services.stop(running)
+        ws.services_file.unlink(missing_ok=True)
+
+
+def serve(
+    timezone: str = typer.Option("UTC", help="Timezone of the nightly schedule (IANA name)."),
+    cron: str = typer.Option("0 2 * * *", help="Nightly schedule."),
+) -> None:
+    """Serve the sim-to-edge and nightly-retrain deployments from this process (one machine) on the Prefect
+    server of `sim2edge up` (or PREFECT_API_URL); Ctrl-C stops."""
+    ws = Workspace.from_env()
+    ws.home.mkdir(parents=True, exist_ok=True)
+    ws.configure_prefect()
+    from flows.services import PrefectUnavailable, prefect_api
+
+    try:
+        prefect_api()  # before the flows' imports: a missing server is reported at once
+        from flows.deployments import serve as serve_deployments
+
+        serve_deployments(timezone, cron)
+    except PrefectUnavailable as e:
+        fail(str(e), code=1)
+
+
+def deploy(
+    pool: str = typer.Option("sim2edge-process", help="Process work pool (created if missing)."),
+    timezone: str = typer.Option("UTC", help="Timezone of the nightly schedule (IANA name)."),
+) -> None:
+    """Register both deployments of prefect.yaml on a work pool of the Prefect server (PREFECT_API_URL)."""
+    ws = Workspace.from_env()
+    ws.configure_prefect()
+    from flows.deployments import deploy as deploy_all
+
+    done = deploy_all(pool, timezone)
+    console.print(done.stdout[-3000:], markup=False, highlight=False)
+    if done.returncode != 0:
+        console.print(done.stderr[-3000:], markup=False, highlight=False)
+        raise typer.Exit(done.returncode)
+    console.print(f"Start a worker: prefect worker start --pool {pool}", markup=False)
+
+
+
+def devices(model: Optional[str] = typer.Option(None, help="Registered model (default: every one)."),
+            as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON.")) -> None:
+    """List the devices reporting to the registry (sim2edge-agent watch and run): version, health, runtime,
+    control-loop timing, last error."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from registry.devices import devices as reports
+
+    try:
+        states = reports(MlflowClient(Workspace.from_env().tracking_uri()), model)
+    except (MlflowException, ValueError) as e:
+        fail(str(e))
+    if as_json:
+        print_json([d.model_dump() for d in states])
+        return
+    if not states:
+        console.print("no device has reported")
+        return
+    rows = []
+    for d in states:
+        e, c = d.last_error or {}, d.control
+        loop = (f"act p99 {c.get('act_p99_us')} us, {c.get('deadline_misses', 0)} late, "
+                f"{c.get('safe_default', 0)} unsafe, {c.get('watchdog_trips', 0)} watchdog / {c.get('ticks', 0)} ticks"
+                if c else "-")
+        rows.append([d.model, d.device, d.version or "-", d.health or "-", d.runtime or "-", loop, f"{d.age_s:.0f} s ago",
+                     f"{e.get('check') or e.get('event')}: {e.get('detail', '')}"[:100] if e else ""])
+    print_listing(listing(["model", "device", "version", "health", "runtime", "control loop", "reported", "last error"],
+                          rows, ids=2))
