@@ -23,7 +23,7 @@ import pytest
 from edge import bundle, signing
 from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
 from edge.store import DeviceStore
-from tests.bundles import golden, make_bundle, make_keys, manifest, publish, tiny_onnx
+from tests.bundles import GATE_FAILED, golden, make_bundle, make_keys, manifest, publish, tiny_onnx
 from tests.hostile_registry import model_version
 
 from tests.conftest import run_cli
@@ -312,9 +312,7 @@ def test_watch_retry_failed_tries_a_known_bad_version_once(tmp_path, keys, regis
 # -- a challenger's bundle ---------------------------------------------------------------------------------------
 
 def test_a_bundle_that_failed_its_gate_needs_allow_failed_gate(tmp_path, keys, registry, sibling, active):
-    def failed_gate(m):
-        m["evaluation"] = {"passed": False, "success_rate": 0.4, "episodes": 32}
-    offer_tar(registry, signed_tar(keys[0], good_members(), edit=failed_gate))
+    offer_tar(registry, genuine(tmp_path, keys[0], "2", evaluation=GATE_FAILED))  # as the packager writes it
     before = snapshot(sibling)
     r = agent(registry, "pull", "tiny@challenger", active, keys[1])
     assert_refused(r, "gate", active, sibling, before, keys[1])
