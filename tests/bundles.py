@@ -42,6 +42,8 @@ def golden(weight: float = 0.5) -> bytes:
 
 def manifest(version: str = "1", target: str = "orin-jp6.1", period_s: float = 0.02, name: str = "tiny",
              io: dict | None = None) -> dict:
+    """A hand-written manifest, only for tests that build deliberately malformed or foreign bundles (signed_tar);
+    every genuine bundle comes from the real packager (:func:`make_bundle`)."""
     extra = {"io": io} if io is not None else {}
     return {
         **extra,
@@ -60,44 +62,105 @@ def make_keys(tmp: Path, name: str = "k") -> tuple[Path, Path]:
     return priv, pub
 
 
-def make_bundle(out: Path, private_key: Path, files: dict | None = None, pad_bytes: int = 0, **manifest_args) -> str:
-    """A signed tiny bundle; ``pad_bytes`` adds a listed filler member (engines/pad.plan) to make it bigger."""
-    key = signing.load_private(private_key)
+DEFAULT_IO = {"input": {"terms": [{"name": n, "unit": "1"} for n in "abcde"]},
+              "output": {"terms": [{"name": "u", "unit": "1"}], "low": [-1.0], "high": [1.0], "default": [0.0]}}
+"""The contract of a bundle made without ``io``: five dimensionless inputs, one output in [-1, 1] (the graph's clip)."""
+
+GATE_PASSED = {"success_rate": 0.95, "mean_return": 480.0, "episodes": 32, "passed": True, "twin": "calibrated twin"}
+GATE_FAILED = {**GATE_PASSED, "success_rate": 0.4, "mean_return": 120.0, "passed": False}
+
+
+def io_spec(io: dict, period_s: float, task: str = "cartpole"):
+    """The :class:`stages.io_spec.IOSpec` a test's short ``io`` dict stands for (terms, output limits and default)."""
+    from stages.io_spec import ActionTerm, IOSpec, ObservationTerm
+
+    out = io["output"]
+    actions = [ActionTerm(name=t["name"], unit=t["unit"], low=lo, high=hi, default=d)
+               for t, lo, hi, d in zip(out["terms"], out["low"], out["high"], out["default"])]
+    return IOSpec(task=task, observations=[ObservationTerm(name=t["name"], unit=t["unit"]) for t in io["input"]["terms"]],
+                  actions=actions, control_period_s=period_s)
+
+
+def make_bundle(out: Path, private_key: Path, files: dict | None = None, pad_bytes: int = 0, version: str = "1",
+                target: str = "orin-jp6.1", period_s: float = 0.02, name: str = "tiny", io: dict | None = None,
+                evaluation: dict | None = GATE_PASSED) -> str:
+    """A tiny bundle written by the real packager (``stages.package``: manifest, annotated ONNX, Polygraphy
+    files, signature) from a tiny ONNX graph; returns its sha256. ``files`` replaces ``policy.onnx`` and
+    ``golden.npz``; ``pad_bytes`` adds a prebuilt-engine member (``engines/pad-<onnx sha256>.plan``) to make
+    it bigger; ``evaluation`` is the signed gate result (GATE_PASSED, GATE_FAILED, or None: none recorded)."""
+    import os
+    import shutil
+    import tempfile
+
+    from stages.artifacts import ExportedPolicy
+    from stages.package import PackageConfig, build_manifest, package
+
     files = files if files is not None else {"policy.onnx": tiny_onnx(), "golden.npz": golden()}
-    if pad_bytes:
-        files = dict(files, **{"engines/pad.plan": np.random.default_rng(len(out.name)).bytes(pad_bytes)})
-    return bundle.write_bundle(out, files, manifest(**manifest_args), key.sign)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "policy.onnx").write_bytes(files["policy.onnx"])
+        (work / "golden.npz").write_bytes(files["golden.npz"])
+        exported = ExportedPolicy(path=work / "policy.onnx", digest=bundle.sha256_path(work / "policy.onnx"),
+                                  task="cartpole", opset=17, parity_max_abs_error=0.0, golden=work / "golden.npz")
+        engines = []
+        if pad_bytes:
+            engines.append(work / f"pad-{exported.digest[:16]}.plan")
+            engines[0].write_bytes(np.random.default_rng(len(out.name)).bytes(pad_bytes))
+        (work / "keys").mkdir()
+        shutil.copyfile(private_key, work / "keys" / "signing.key")
+        cfg = PackageConfig(target=target)
+        spec = io_spec(io if io is not None else DEFAULT_IO, period_s)
+        m = build_manifest(cfg, name, version, exported, spec, {"mlflow_run_id": "test"}, evaluation)
+        saved = os.environ.pop(signing.ENV_KEY, None)  # the test's key, not a signing key of the environment
+        try:
+            return package(cfg, m, exported, work / "keys", out, engines).digest
+        finally:
+            if saved is not None:
+                os.environ[signing.ENV_KEY] = saved
 
 
 TINY_IO = {"input": {"terms": [{"name": n, "unit": "1"} for n in "abcde"]},
            "output": {"terms": [{"name": "u", "unit": "N"}], "low": [-0.5], "high": [0.8], "default": [0.1]}}
 
 
-def publish(tracking_url: str, tar: Path, name: str, alias: str | None = None) -> str:
-    """Log ``tar`` as a run artifact on a real MLflow server and register it as the next version of ``name``
-    with the bundle tags the agent reads (the same contract as registry.models.publish)."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+def signed_gate(tar: Path) -> bool:
+    """Whether the bundle ``tar``'s signed manifest records a passed gate (True when it records none)."""
+    import json
+    import tarfile
 
-    from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
+    with tarfile.open(tar) as t:
+        evaluation = json.loads(t.extractfile(bundle.MANIFEST).read()).get("evaluation") or {}
+    return evaluation.get("passed", True) is not False
 
-    client = MlflowClient(tracking_url)
+
+def log_bundle(client, tar: Path) -> tuple[str, str]:
+    """Log ``tar`` as an artifact of a new run in the ``agent-tests`` experiment; returns (run id, proxy path)."""
+    from registry import models
+
     found = client.get_experiment_by_name("agent-tests")
     exp = found.experiment_id if found else client.create_experiment("agent-tests")
     run = client.create_run(exp)
     client.log_artifact(run.info.run_id, str(tar), "bundle")
-    path = run.info.artifact_uri.split(":", 1)[1].lstrip("/") + f"/bundle/{tar.name}"
-    try:
-        client.create_registered_model(name)
-    except MlflowException as e:
-        if e.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-    mv = client.create_model_version(name, source=f"{run.info.artifact_uri}/bundle", run_id=run.info.run_id, tags={
-        TAG_PATH: path, TAG_SHA256: bundle.sha256_path(tar), TAG_SIZE: str(tar.stat().st_size)})
-    if alias:
-        client.set_registered_model_alias(name, alias, mv.version)
     client.set_terminated(run.info.run_id)
-    return str(mv.version)
+    return run.info.run_id, models.proxy_path(f"{run.info.artifact_uri}/bundle/{tar.name}", None)
+
+
+def publish(tracking_url: str, tar: Path, name: str, alias: str | None = None) -> str:
+    """Log ``tar`` on a real MLflow server and register it as the next version of ``name`` the way the pipeline
+    does (``registry.models.reserve_version`` and ``publish``: the bundle tags the agent reads, the gate tag, and
+    ``champion`` — moved when the signed gate passed — or ``challenger``); ``alias``, when given, is the alias
+    it must have got. Returns the version number."""
+    from mlflow.tracking import MlflowClient
+
+    from registry import models
+
+    client = MlflowClient(tracking_url)
+    run_id, path = log_bundle(client, tar)
+    version = models.reserve_version(client, name, run_id, f"runs:/{run_id}/bundle", {})
+    got = models.publish(client, name, version, path, bundle.sha256_path(tar), tar.stat().st_size, signed_gate(tar),
+                         {}, models.current_champion(client, name))
+    assert alias is None or got == alias, f"{name} v{version} became {got}, not {alias}"
+    return version
 
 
 def publish_versions(tracking_url: str, tmp: Path, private_key: Path, name: str, count: int,

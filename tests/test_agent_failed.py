@@ -17,10 +17,12 @@ from mlflow.tracking import MlflowClient
 from edge import bundle, crash, signing
 from edge.errors import CheckFailed
 from edge.pull import PullOptions, pull, watch
-from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE, TransferOptions
+from edge.registry_client import TAG_SHA256, TransferOptions
 from edge.report import device_state
 from edge.store import DeviceStore
-from tests.bundles import FaultProxy, golden, make_bundle, make_keys, publish, publish_versions, tiny_onnx
+from registry import models
+from tests.bundles import (FaultProxy, golden, log_bundle, make_bundle, make_keys, publish, publish_versions,
+                           signed_gate, tiny_onnx)
 from tests.conftest import run_cli
 
 FAST = PullOptions(TransferOptions(attempts=2, backoff_base_s=0.01, timeout_s=5))
@@ -46,14 +48,13 @@ def downloads(proxy: FaultProxy) -> int:
 
 
 def republish(url: str, tar, name: str, version: str) -> None:
-    """Point an existing registry version at a new bundle (a new digest for the same version)."""
+    """Point an existing registry version at a new bundle (a new digest for the same version), with the
+    pipeline's tag writer (``registry.models.publish``)."""
     client = MlflowClient(url)
-    run = client.create_run(client.get_experiment_by_name("agent-tests").experiment_id)
-    client.log_artifact(run.info.run_id, str(tar), "bundle")
-    path = run.info.artifact_uri.split(":", 1)[1].lstrip("/") + f"/bundle/{tar.name}"
-    for key, value in ((TAG_PATH, path), (TAG_SHA256, bundle.sha256_path(tar)), (TAG_SIZE, str(tar.stat().st_size))):
-        client.set_model_version_tag(name, version, key, value)
-    client.set_terminated(run.info.run_id)
+    _, path = log_bundle(client, tar)
+    champion = models.current_champion(client, name)
+    assert models.publish(client, name, version, path, bundle.sha256_path(tar), tar.stat().st_size, signed_gate(tar),
+                          {}, champion) == ("champion" if champion == version else "challenger")
 
 
 def damage(path) -> None:

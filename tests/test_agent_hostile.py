@@ -23,7 +23,7 @@ import pytest
 from edge import bundle, signing
 from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
 from edge.store import DeviceStore
-from tests.bundles import golden, make_bundle, make_keys, manifest, publish, tiny_onnx
+from tests.bundles import GATE_FAILED, golden, make_bundle, make_keys, manifest, publish, tiny_onnx
 from tests.hostile_registry import model_version
 
 from tests.conftest import run_cli
@@ -31,35 +31,36 @@ from tests.agent_checks import PATH, agent, assert_refused, genuine, offer_tar, 
 
 # -- 1, 2: registry strings used as paths --------------------------------------------------------------------
 
-def hostile_answers(sibling: Path) -> list:
-    """(name, answer fields, check) — each a value that once reached the filesystem or a bare exception."""
-    sha = "a" * 64
-    return [
-        ("absolute version", dict(version=str(sibling)), "registry"),
-        ("relative version", dict(version="../../sibling"), "registry"),
-        ("version 0", dict(version="0"), "registry"),
-        ("negative version", dict(version="-1"), "registry"),
-        ("non-ascii digit version", dict(version="\u0663"), "registry"),
-        ("version with newline", dict(version="2\n"), "registry"),
-        ("version null", dict(version=None), "registry"),
-        ("absolute sha256 tag", dict(sha256=str(sibling / "x")), "registry"),
-        ("relative sha256 tag", dict(sha256="../../sibling/x"), "registry"),
-        ("uppercase sha256", dict(sha256=sha.upper()), "registry"),
-        ("sha256 with newline", dict(sha256=sha + "\n"), "registry"),
-        ("size -1", dict(size="-1"), "registry"),
-        ("size abc", dict(size="abc"), "registry"),
-        ("size 0 (empty bundle)", dict(size="0"), "registry"),
-        ("size over the limit", dict(size=str(1 << 40)), "size"),
-        ("absolute path", dict(path="/etc/passwd"), "registry"),
-        ("dot-dot path", dict(path="1/../../etc/passwd"), "registry"),
-        ("empty path component", dict(path="1//bundle.tar"), "registry"),
-    ]
+SIBLING = "<sibling>"  # stands for the test's sibling directory in HOSTILE_ANSWERS (its path is known at run time)
+_SHA = "a" * 64
+# (name, answer fields, check) — each a value that once reached the filesystem or a bare exception
+HOSTILE_ANSWERS = [
+    ("absolute version", dict(version=SIBLING), "registry"),
+    ("relative version", dict(version="../../sibling"), "registry"),
+    ("version 0", dict(version="0"), "registry"),
+    ("negative version", dict(version="-1"), "registry"),
+    ("non-ascii digit version", dict(version="\u0663"), "registry"),
+    ("version with newline", dict(version="2\n"), "registry"),
+    ("version null", dict(version=None), "registry"),
+    ("absolute sha256 tag", dict(sha256=SIBLING + "/x"), "registry"),
+    ("relative sha256 tag", dict(sha256="../../sibling/x"), "registry"),
+    ("uppercase sha256", dict(sha256=_SHA.upper()), "registry"),
+    ("sha256 with newline", dict(sha256=_SHA + "\n"), "registry"),
+    ("size -1", dict(size="-1"), "registry"),
+    ("size abc", dict(size="abc"), "registry"),
+    ("size 0 (empty bundle)", dict(size="0"), "registry"),
+    ("size over the limit", dict(size=str(1 << 40)), "size"),
+    ("absolute path", dict(path="/etc/passwd"), "registry"),
+    ("dot-dot path", dict(path="1/../../etc/passwd"), "registry"),
+    ("empty path component", dict(path="1//bundle.tar"), "registry"),
+]
 
 
-@pytest.mark.parametrize("case", range(18))
+@pytest.mark.parametrize("name, fields, check", HOSTILE_ANSWERS, ids=[c[0] for c in HOSTILE_ANSWERS])
 @pytest.mark.parametrize("with_active", [False, True], ids=["fresh", "active"])
-def test_hostile_answer_fields_are_refused_before_any_use(tmp_path, keys, registry, sibling, case, with_active):
-    name, fields, check = hostile_answers(sibling)[case]
+def test_hostile_answer_fields_are_refused_before_any_use(tmp_path, keys, registry, sibling, name, fields, check,
+                                                          with_active):
+    fields = {k: v.replace(SIBLING, str(sibling)) if isinstance(v, str) else v for k, v in fields.items()}
     root = tmp_path / "store"
     if with_active:
         offer_tar(registry, genuine(tmp_path, keys[0], "1"), version="1")
@@ -165,40 +166,47 @@ def put(value, *path):
     return edit
 
 
-def hostile_tars(priv: Path, big: bytes) -> list:
-    """(name, tar bytes, check, words): archives a trusted key signed, or that are not what they claim."""
-    good = good_members()
-    long_name = "p" * 300
-    return [
-        ("unlisted 8 MiB member first", signed_tar(priv, [("big.bin", big), *good], dict(good)), "files", "extra file"),
-        ("listed member longer than signed", signed_tar(priv, [("golden.npz", golden()), ("policy.onnx", big)],
-                                                         dict(good)), "length", "'policy.onnx' is"),
-        ("manifest without policy", signed_tar(priv, good, edit=drop("policy")), "manifest", "policy is missing"),
-        ("files entry without length", signed_tar(priv, good, edit=drop("files", "policy.onnx", "length")),
-         "manifest", "files.policy.onnx.length"),
-        ("length as text", signed_tar(priv, good, edit=put("12", "files", "policy.onnx", "length")), "manifest",
-         "files.policy.onnx.length"),
-        ("no control period", signed_tar(priv, good, edit=drop("control")), "manifest", "control"),
-        ("negative tolerance", signed_tar(priv, good, edit=put(-1, "parity_tolerance", "fp32", "atol")), "manifest",
-         "parity_tolerance.fp32.atol"),
-        ("signed version is not a number", signed_tar(priv, good, edit=put("../x", "policy", "version")),
-         "manifest", "policy.version"),
-        ("300-character member name", signed_tar(priv, [*good, (long_name, b"x")], dict(good)), "archive",
-         "member path"),
-        ("'engines' then 'engines/x.plan'", signed_tar(priv, [*good, ("engines", b"x"), ("engines/x.plan", b"y")],
-                                                       dict(good)), "archive", "member path 'engines'"),
-        ("'engines/x.plan' then 'engines'", signed_tar(priv, [*good, ("engines/x.plan", b"y"), ("engines", b"x")],
-                                                       dict(good)), "archive", "member path 'engines'"),
-        ("member name with a trailing newline", signed_tar(priv, [good[0], ("policy.onnx\n", tiny_onnx())],
-                                                           dict(good)), "archive", "member path 'policy.onnx\\n'"),
-        ("not a tar", b"\x00garbage" * 200, "archive", "not a readable tar"),
-    ]
+LONG_NAME = "p" * 300
+HOSTILE_TARS = [  # (name, build(priv, good, big) -> tar bytes, check, words): archives a trusted key signed,
+    # or that are not what they claim; ``good`` is good_members(), ``big`` 8 MiB
+    ("unlisted 8 MiB member first", lambda priv, good, big: signed_tar(priv, [("big.bin", big), *good], dict(good)),
+     "files", "extra file"),
+    ("listed member longer than signed",
+     lambda priv, good, big: signed_tar(priv, [("golden.npz", golden()), ("policy.onnx", big)], dict(good)),
+     "length", "'policy.onnx' is"),
+    ("manifest without policy", lambda priv, good, big: signed_tar(priv, good, edit=drop("policy")),
+     "manifest", "policy is missing"),
+    ("files entry without length",
+     lambda priv, good, big: signed_tar(priv, good, edit=drop("files", "policy.onnx", "length")),
+     "manifest", "files.policy.onnx.length"),
+    ("length as text", lambda priv, good, big: signed_tar(priv, good, edit=put("12", "files", "policy.onnx", "length")),
+     "manifest", "files.policy.onnx.length"),
+    ("no control period", lambda priv, good, big: signed_tar(priv, good, edit=drop("control")), "manifest", "control"),
+    ("negative tolerance",
+     lambda priv, good, big: signed_tar(priv, good, edit=put(-1, "parity_tolerance", "fp32", "atol")),
+     "manifest", "parity_tolerance.fp32.atol"),
+    ("signed version is not a number",
+     lambda priv, good, big: signed_tar(priv, good, edit=put("../x", "policy", "version")),
+     "manifest", "policy.version"),
+    ("300-character member name", lambda priv, good, big: signed_tar(priv, [*good, (LONG_NAME, b"x")], dict(good)),
+     "archive", "member path"),
+    ("'engines' then 'engines/x.plan'",
+     lambda priv, good, big: signed_tar(priv, [*good, ("engines", b"x"), ("engines/x.plan", b"y")], dict(good)),
+     "archive", "member path 'engines'"),
+    ("'engines/x.plan' then 'engines'",
+     lambda priv, good, big: signed_tar(priv, [*good, ("engines/x.plan", b"y"), ("engines", b"x")], dict(good)),
+     "archive", "member path 'engines'"),
+    ("member name with a trailing newline",
+     lambda priv, good, big: signed_tar(priv, [good[0], ("policy.onnx\n", tiny_onnx())], dict(good)),
+     "archive", "member path 'policy.onnx\\n'"),
+    ("not a tar", lambda priv, good, big: b"\x00garbage" * 200, "archive", "not a readable tar"),
+]
 
 
-@pytest.mark.parametrize("case", range(13))
-def test_hostile_archives_are_refused_before_anything_is_unpacked(tmp_path, keys, registry, sibling, active, case):
-    name, tar, check, words = hostile_tars(keys[0], b"\x01" * (8 << 20))[case]
-    offer_tar(registry, tar)
+@pytest.mark.parametrize("name, build, check, words", HOSTILE_TARS, ids=[c[0] for c in HOSTILE_TARS])
+def test_hostile_archives_are_refused_before_anything_is_unpacked(tmp_path, keys, registry, sibling, active, name,
+                                                                  build, check, words):
+    offer_tar(registry, build(keys[0], good_members(), b"\x01" * (8 << 20)))
     before = snapshot(sibling)
     # the agent dies at its first extracted member if it gets that far: a refusal (exit 1) proves none was
     r = agent(registry, "pull", "tiny@champion", active, keys[1], env={"SIM2EDGE_AGENT_KILL_AT": "extract"})
@@ -304,9 +312,7 @@ def test_watch_retry_failed_tries_a_known_bad_version_once(tmp_path, keys, regis
 # -- a challenger's bundle ---------------------------------------------------------------------------------------
 
 def test_a_bundle_that_failed_its_gate_needs_allow_failed_gate(tmp_path, keys, registry, sibling, active):
-    def failed_gate(m):
-        m["evaluation"] = {"passed": False, "success_rate": 0.4, "episodes": 32}
-    offer_tar(registry, signed_tar(keys[0], good_members(), edit=failed_gate))
+    offer_tar(registry, genuine(tmp_path, keys[0], "2", evaluation=GATE_FAILED))  # as the packager writes it
     before = snapshot(sibling)
     r = agent(registry, "pull", "tiny@challenger", active, keys[1])
     assert_refused(r, "gate", active, sibling, before, keys[1])

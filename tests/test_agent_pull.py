@@ -14,16 +14,18 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from edge import signing
 from edge.errors import CheckFailed
 from edge.pull import PullOptions, pull
 from edge.registry_client import RegistryUnavailable, TransferOptions
 from edge.store import DeviceStore
-from tests.bundles import FaultProxy, make_bundle, make_keys, publish
+from tests.bundles import GATE_FAILED, FaultProxy, make_bundle, make_keys, publish
 from tests.conftest import free_port, run_cli
 
 FAST = PullOptions(TransferOptions(attempts=4, backoff_base_s=0.01, timeout_s=5), backoff_base_s=0.5)
@@ -264,6 +266,28 @@ def test_refusals_and_outages_change_no_file_of_the_store(mlflow_server, keys, t
     before = snapshot()
     with pytest.raises(CheckFailed, match="alias nope not found"):
         pull_v(name, "nope", mlflow_server, root, keys[1])
-    with pytest.raises(RegistryUnavailable, match="unreachable"):
+    with pytest.raises(RegistryUnavailable, match=r"^registry: registry http://127\.0\.0\.1:\d+ is unreachable "):
         pull_v(name, 1, f"http://127.0.0.1:{free_port()}", root, keys[1])
     assert snapshot() == before
+
+
+def test_the_signed_gate_decides_what_a_device_installs(mlflow_server, keys, tmp_path):
+    """Bundles from the real packager and registry writer: one whose signed evaluation failed the gate is
+    published as ``challenger`` and refused (check ``gate``) unless allowed; one with no recorded evaluation
+    (an imported policy) installs like a passed one."""
+    name = new_policy(mlflow_server, tmp_path, keys[0])  # v1: gate passed, champion
+    root = tmp_path / "store"
+    pull_v(name, "champion", mlflow_server, root, keys[1])
+    make_bundle(tmp_path / "failed.tar", keys[0], version="2", name=name, evaluation=GATE_FAILED)
+    assert publish(mlflow_server, tmp_path / "failed.tar", name, "challenger") == "2"
+    assert MlflowClient(mlflow_server).get_model_version(name, "2").tags["sim2edge.gate"] == "fail"
+    with pytest.raises(CheckFailed, match=rf"^gate: {name} v2 failed its evaluation gate when it was packaged "
+                                          r"\(success rate 0\.4, a challenger\)"):
+        pull_v(name, "challenger", mlflow_server, root, keys[1])
+    assert current_version(root) == "1"
+    pull_v(name, "challenger", mlflow_server, root, keys[1], options=replace(FAST, allow_failed_gate=True))
+    assert current_version(root) == "2"
+    make_bundle(tmp_path / "ungated.tar", keys[0], version="3", name=name, evaluation=None)
+    assert publish(mlflow_server, tmp_path / "ungated.tar", name, "champion") == "3"
+    pull_v(name, "champion", mlflow_server, root, keys[1])
+    assert current_version(root) == "3" and DeviceStore(root).current_manifest()["evaluation"] is None

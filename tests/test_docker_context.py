@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from edge.errors import CheckFailed
 from edge.targets import PROFILES
 from stages.image import ImageConfig, jetson_context
 from tests.bundles import make_bundle, make_keys
@@ -45,7 +46,7 @@ def test_jetson_context_per_target(keys, target, tmp_path):
 def test_context_refuses_a_bundle_signed_by_another_key(keys, tmp_path):
     other = make_keys(tmp_path, "other")
     make_bundle(tmp_path / "b.tar", other[0])
-    with pytest.raises(Exception, match="signature"):
+    with pytest.raises(CheckFailed, match=r"^signature: manifest signature does not match any trusted key$"):
         jetson_context(ImageConfig(), tmp_path / "b.tar", keys[1], tmp_path / "ctx")
     assert not (tmp_path / "ctx").exists()
 

@@ -49,7 +49,7 @@ def test_check_compatible(target, l4t, arch, ok):
     if ok:
         check_compatible(load_target(target), device)
     else:
-        with pytest.raises(CheckFailed, match="target"):
+        with pytest.raises(CheckFailed, match=r"^target: bundle is for "):
             check_compatible(load_target(target), device)
 
 
