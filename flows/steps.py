@@ -68,7 +68,9 @@ def calibrate_step(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out:
         log_dataset_input(ctx.client, run.run_id, dataset, "calibrate")
         twin = calibrate(cfg, dataset, out)
         run.metrics({"replay_error_before": twin.replay_error_before, "replay_error_after": twin.replay_error_after,
-                     **flatten(twin.params.model_dump(), "fitted_")})  # per-joint values as fitted_damping_by_joint.<joint>
+                     **flatten(twin.params.model_dump(), "fitted_"),  # per-joint values as fitted_damping_by_joint.<joint>
+                     **{f"interval_{end}_{name}": v for name, bounds in twin.intervals.items()
+                        for end, v in zip(("lo", "hi"), bounds)}})
         run.tags({"sim2edge.twin_digest": twin.digest, "sim2edge.dataset_digest": dataset.digest,
                   "sim2edge.unidentified": ",".join(twin.unidentified) or "none"})
         run.artifact(out, "twin")

@@ -76,11 +76,13 @@ class Misfit(BaseModel):
 
 
 class TwinSpec(Artifact):
-    """The calibrated digital twin: fitted parameters, their uncertainty and the data they came from."""
+    """The calibrated digital twin: fitted parameters, their 95% intervals and the data they came from."""
 
     task: str
     params: PhysicalParams
-    uncertainty: dict[str, float]
+    intervals: dict[str, tuple[float, float]] = {}
+    """95% bootstrap interval per fitted parameter, in its ``params`` units: the global ones by name, per-joint ones as
+    ``<field>.<joint or actuator>`` (e.g. ``damping_by_joint.joint0``, a multiplier). Empty: not calibrated."""
     unidentified: tuple[str, ...] = ()
     """Parameters the data could not pin down; they are held at the prior."""
     dataset_digest: str

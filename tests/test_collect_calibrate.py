@@ -180,5 +180,8 @@ def test_reacher_calibration_finds_latency_and_flags_unidentifiable_mass(tmp_pat
     assert twin.params.latency_steps == truth.latency_steps == 1
     for name in ("damping", "actuator_gain", "friction"):
         assert getattr(twin.params, name) == pytest.approx(getattr(truth, name), rel=0.1), name
-    assert twin.unidentified == ("mass",) and twin.params.mass == 1.0 and "mass" not in twin.uncertainty
+    assert twin.unidentified == ("mass",) and twin.params.mass == 1.0
+    assert twin.intervals["mass"] == pytest.approx((0.2, 5.0)), "an unidentified parameter's interval is its search range"
+    for name in ("damping", "actuator_gain", "friction"):
+        assert twin.intervals[name][0] <= getattr(truth, name) <= twin.intervals[name][1], name
     assert twin.replay_error_after * 5 < twin.replay_error_before

@@ -91,6 +91,11 @@ def test_per_joint_reacher_is_recovered_joint_by_joint(per_joint_reacher, tmp_pa
         assert twin.params.damping * twin.params.damping_by_joint[j] == pytest.approx(truth.damping_by_joint[j], rel=0.1)
         assert (twin.params.actuator_gain * twin.params.gain_by_actuator[j]
                 == pytest.approx(truth.gain_by_actuator[j], rel=0.1))
+        for field, scale in (("damping_by_joint", "damping"), ("gain_by_actuator", "actuator_gain")):
+            lo, hi = (getattr(twin.params, scale) * v for v in twin.intervals[f"{field}.{j}"])
+            assert lo <= getattr(truth, scale) * getattr(truth, field)[j] <= hi, (field, j, lo, hi)
+        lo, hi = twin.intervals[f"friction_by_joint.{j}"]
+        assert lo <= truth.friction_by_joint[j] <= hi, ("friction_by_joint", j, lo, hi)
     spec = json.loads(twin.path.read_text())
     assert spec["replay_error_after"] * 10 < spec["replay_error_global"]
     assert twin.misfit.ratio < 2 and twin.misfit.worst_joints == ()

@@ -14,7 +14,9 @@ entry: joints that share hardware), log-multipliers on damping and on the gain o
 it, with a Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit,
 and its friction. Last, the leftover replay error is compared with
 the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
-misfits. Beside ``twin.json`` the identified model is written as ``twin.xml`` (MJCF).
+misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
+episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range. Beside ``twin.json`` the
+identified model is written as ``twin.xml`` (MJCF).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from stages.sim.disturbance import peak_forces
 from stages.sim.params import PhysicalParams, actuated_dofs, actuator_names, apply_params
 from stages.sim.registry import load
 from stages.sim.task import Task
+from stages.twin.intervals import interval, resample
 
 FITTED = ("damping", "actuator_gain", "mass", "friction")
 LOG_SCALED = ("damping", "actuator_gain", "mass")
@@ -68,17 +71,20 @@ class CalibrateConfig(BaseModel):
                                                "fitted as one multiplier: {group name: joint names}.")
     misfit_ratio: float = Field(2.0, gt=1, description="Replay error over the noise floor above which the twin "
                                                        "reports a misfit.")
+    bootstrap: int = Field(400, ge=20, description="Episode resamples of the bootstrap intervals.")
     seed: int = 0
     nthread: int = 2
 
 
 class Windows(BaseModel):
-    """Replay windows: start states (W, nstate), controls per latency (L+1, W, T*decimation, nu), targets (W, T, nq)."""
+    """Replay windows: start states (W, nstate), controls per latency (L+1, W, T*decimation, nu), targets (W, T, nq),
+    and the episode each was cut from (W,), numbered in dataset order."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
     start: np.ndarray
     control: np.ndarray
     target: np.ndarray
+    episode: np.ndarray
 
 
 def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
@@ -99,7 +105,8 @@ def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
     start[:, 1 + m.nq : 1 + m.nq + m.nv] = qvel[starts]
     steps = starts[:, None] + np.arange(cfg.window)
     control = np.stack([np.repeat(ctrl[steps - lag], task.decimation, axis=1) for lag in range(cfg.max_latency + 1)])
-    return Windows(start=start, control=control.astype(np.float64), target=qpos[steps + 1])
+    return Windows(start=start, control=control.astype(np.float64), target=qpos[steps + 1],
+                   episode=np.searchsorted(boundaries, starts, side="right") - 1)
 
 
 class Replayer:
@@ -126,10 +133,14 @@ class Replayer:
         qpos = state[:, task.decimation - 1 :: task.decimation, 1 : 1 + task.model.nq]
         return qpos.reshape(len(models), n, -1, task.model.nq)
 
+    def residuals(self, candidates: list[PhysicalParams]) -> np.ndarray:
+        """Replayed minus logged positions of the task's replayed joints, per candidate and window: (C, W, T·joints)."""
+        diff = (self.replay(candidates) - self.win.target)[..., self.joints]
+        return diff.reshape(len(candidates), len(self.win.start), -1)
+
     def errors(self, candidates: list[PhysicalParams]) -> np.ndarray:
         """RMS error of each candidate over every window, on the task's replayed joints."""
-        diff = (self.replay(candidates) - self.win.target)[..., self.joints]
-        return np.sqrt((diff**2).reshape(len(candidates), -1).mean(axis=1))
+        return np.sqrt((self.residuals(candidates) ** 2).reshape(len(candidates), -1).mean(axis=1))
 
 
 def max_effort(task: Task) -> float:
@@ -150,6 +161,16 @@ class Search:
         scales = {name: getattr(self.prior, name) * float(np.exp(v)) for name, v in zip(LOG_SCALED, x)}
         return self.prior.model_copy(update={**scales, "friction": float(x[-1]) * self.friction_unit,
                                              "latency_steps": latency})
+
+    def point(self, params: PhysicalParams) -> np.ndarray:
+        """The search point of ``params`` (the inverse of ``params``)."""
+        return np.r_[[np.log(getattr(params, n) / getattr(self.prior, n)) for n in LOG_SCALED],
+                     params.friction / self.friction_unit]
+
+    def named(self, box: np.ndarray) -> dict[str, tuple[float, float]]:
+        """(d, 2) search-space intervals as parameter values, by name."""
+        values = [getattr(self.prior, n) * np.exp(box[i]) for i, n in enumerate(LOG_SCALED)]
+        return {n: (float(lo), float(hi)) for n, (lo, hi) in zip(FITTED, [*values, box[-1] * self.friction_unit])}
 
     def relative_sigma(self, optimizer: CMA, fitted: PhysicalParams) -> np.ndarray:
         """1σ of the final search distribution, relative to the fitted value, per parameter."""
@@ -191,8 +212,6 @@ class JointSearch:
         self.fitted, self.friction_unit, n = fitted, JOINT_FRICTION_UNIT * max_effort(task), len(self.units)
         self.bounds = np.array([np.log([0.2, 5.0])] * 2 * n + [[0.0, FRICTION_RANGE / JOINT_FRICTION_UNIT]] * n)
         self.start = np.r_[np.zeros(2 * n), np.full(n, fitted.friction / self.friction_unit)]
-        self.scaled = slice(0, 2 * n)
-        """The log-multipliers, on which the prior acts."""
 
     def params(self, x: np.ndarray) -> PhysicalParams:
         n = len(self.units)
@@ -203,20 +222,40 @@ class JointSearch:
             "gain_by_actuator": {a: v for u, v in gain.items() for a in self.actuators[u]},
             "friction_by_joint": {j: v for u, v in friction.items() for j in self.units[u]}})
 
+    def point(self, params: PhysicalParams) -> np.ndarray:
+        """The search point of ``params`` (the inverse of ``params``; each unit read at its first joint)."""
+        units = self.units.values()
+        return np.r_[[np.log(params.damping_by_joint[j[0]]) for j in units],
+                     [np.log(params.gain_by_actuator[a[0]]) for a in self.actuators.values()],
+                     [params.friction_by_joint[j[0]] / self.friction_unit for j in units]]
+
+    def named(self, box: np.ndarray) -> dict[str, tuple[float, float]]:
+        """(d, 2) search-space intervals as per-joint values (multipliers, friction), by ``<field>.<name>``."""
+        n, pair = len(self.units), lambda v: (float(v[0]), float(v[1]))  # noqa: E731
+        damping, gain, friction = np.exp(box[:n]), np.exp(box[n : 2 * n]), box[2 * n :] * self.friction_unit
+        return {**{f"damping_by_joint.{j}": pair(damping[i]) for i, u in enumerate(self.units) for j in self.units[u]},
+                **{f"gain_by_actuator.{a}": pair(gain[i]) for i, u in enumerate(self.units) for a in self.actuators[u]},
+                **{f"friction_by_joint.{j}": pair(friction[i]) for i, u in enumerate(self.units) for j in self.units[u]}}
+
+    def prior_weights(self, replayer: Replayer, cfg: CalibrateConfig, noise: float) -> np.ndarray:
+        """Per coordinate, the weight of its Gaussian prior in the per-joint objective (0: none): with residuals of std
+        ``noise`` (the sensor noise estimate), mse + noise² · |x|² / (prior_width² · n) is the MAP objective, counting
+        n = windows × replayed joints of them as independent (steps within a window are correlated)."""
+        weight = noise**2 / (cfg.prior_width**2 * len(replayer.win.start) * len(replayer.joints))
+        return np.r_[np.full(2 * len(self.units), weight), np.zeros(len(self.units))]
+
 
 def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> PhysicalParams:
     """CMA-ES on the per-joint values x, minimising the replay MSE plus a Gaussian prior on the log-multipliers
-    around the global fit: the MAP estimate mse + noise² · |x|² / (prior_width² · n) with residuals of std
-    ``noise`` (the sensor noise estimate), counting n = windows × replayed joints of them as independent
-    (steps within a window are correlated). Returns the search's mean, or the global fit where that scores better."""
-    n = len(replayer.win.start) * len(replayer.joints)
-    weight = noise**2 / (cfg.prior_width**2 * n)
+    around the global fit (``JointSearch.prior_weights``). Returns the search's mean, or the global fit where that scores
+    better."""
+    weight = search.prior_weights(replayer, cfg, noise)
     dim = len(search.bounds)
     optimizer = CMA(mean=search.start, sigma=min(0.2, cfg.prior_width), bounds=search.bounds, seed=cfg.seed,
                     population_size=max(cfg.population, 4 + int(3 * np.log(dim))))
     def scores(xs: list[np.ndarray]) -> list[float]:
         errs = replayer.errors([search.params(x) for x in xs])
-        return [float(e**2 + weight * x[search.scaled] @ x[search.scaled]) for x, e in zip(xs, errs)]
+        return [float(e**2 + weight @ x**2) for x, e in zip(xs, errs)]
 
     for _ in range(cfg.joint_generations):
         xs = [optimizer.ask() for _ in range(optimizer.population_size)]
@@ -266,6 +305,25 @@ def noise_estimate(replayer: Replayer, fitted: PhysicalParams) -> float:
     return float(np.sqrt((first**2).mean() / 2))
 
 
+def bootstrap_intervals(replayer: Replayer, search: Search, joint_search: JointSearch | None,
+                        global_fit: PhysicalParams, fitted: PhysicalParams, unidentified: tuple[str, ...],
+                        cfg: CalibrateConfig, noise: float) -> dict[str, tuple[float, float]]:
+    """95% bootstrap intervals (``stages.twin.intervals``) of the global fit's parameters (an unidentified one:
+    its whole search range) and, given ``joint_search``, of the per-joint values, on the same episode resamples."""
+    resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
+    latency = global_fit.latency_steps
+    free = np.array([name not in unidentified for name in FITTED])
+    box = interval(lambda xs: replayer.residuals([search.params(x, latency) for x in xs]), search.point(global_fit),
+                   search.bounds, free, resamples, np.zeros(len(FITTED)))
+    intervals = search.named(box)
+    if joint_search is not None:
+        box = interval(lambda xs: replayer.residuals([joint_search.params(x) for x in xs]), joint_search.point(fitted),
+                       joint_search.bounds, np.ones(len(joint_search.bounds), bool), resamples,
+                       joint_search.prior_weights(replayer, cfg, noise))
+        intervals |= joint_search.named(box)
+    return intervals
+
+
 def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec:
     """Fit damping, actuator gain, mass scale, friction and latency to ``dataset``; write ``out_dir/twin.json`` and a plot."""
     task = load(dataset.task)
@@ -281,10 +339,12 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     sens = sensitivity(replayer, fitted, after)
     unidentified = tuple(name for name in FITTED if sens[name] < cfg.min_sensitivity)
     fitted = fitted.model_copy(update={name: getattr(prior, name) for name in unidentified})
-    global_fit = fitted
+    global_fit, noise = fitted, noise_estimate(replayer, fitted)
     joint_search = JointSearch(task, fitted, cfg.groups)
     if cfg.joint_generations:
-        fitted = fit_joints(replayer, joint_search, cfg, noise_estimate(replayer, fitted))
+        fitted = fit_joints(replayer, joint_search, cfg, noise)
+    intervals = bootstrap_intervals(replayer, search, joint_search if cfg.joint_generations else None,
+                                    global_fit, fitted, unidentified, cfg, noise)
     fitted = fitted.model_copy(update={"obs_noise": noise_estimate(replayer, fitted)})
     before, global_after, after = replayer.errors([prior, global_fit, fitted]).tolist()
     leftover = misfit(replayer, fitted, cfg.misfit_ratio, cfg.seed)
@@ -294,13 +354,14 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     cov = optimizer._C
     corr = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
     uncertainty = {name: float(s) for name, s in zip(FITTED, search.relative_sigma(optimizer, fitted))
-                   if name not in unidentified}
+                   if name not in unidentified}  # CMA-ES's step size, not an interval: read by the CLI's table
     robots = json.loads((dataset.path / "manifest.json").read_text())["robots"]
     spec = {
         "task": dataset.task,
         "params": fitted.model_dump(),
         "prior": prior.model_dump(),
         "uncertainty": uncertainty,
+        "intervals": intervals,
         "sensitivity": sens,
         "unidentified": list(unidentified),
         "correlation": {f"{a}~{b}": float(corr[i, j]) for i, a in enumerate(FITTED) for j, b in enumerate(FITTED) if i < j},
@@ -325,7 +386,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         (tmp / "twin.json").write_text(json.dumps({**spec, "digest": digest}, indent=2))
         write_mjcf(task, fitted, tmp / "twin.xml")
         plot_replay(task, replayer, prior, fitted, tmp / "replay.png")
-    return TwinSpec(path=out_dir / "twin.json", digest=digest, task=dataset.task, params=fitted, uncertainty=uncertainty,
+    return TwinSpec(path=out_dir / "twin.json", digest=digest, task=dataset.task, params=fitted, intervals=intervals,
                     unidentified=unidentified, dataset_digest=dataset.digest, standin_truth=truth, replay_error_before=before,
                     replay_error_after=after, misfit=leftover)
 
@@ -401,12 +462,12 @@ def twin_from_file(path: Path | None, task: str) -> TwinSpec:
     """A TwinSpec read back from its ``twin.json`` (None: the task's nominal model, uncalibrated)."""
     if path is None:
         nominal = load(task).nominal_params()
-        return TwinSpec(path=Path("nominal"), digest="nominal", task=task, params=nominal, uncertainty={},
+        return TwinSpec(path=Path("nominal"), digest="nominal", task=task, params=nominal,
                         dataset_digest="", replay_error_before=0.0, replay_error_after=0.0)
     spec = json.loads(Path(path).read_text())
     truth = spec.get("standin_truth")
     return TwinSpec(path=Path(path), digest=spec["digest"], task=task, params=PhysicalParams(**spec["params"]),
-                    uncertainty=spec.get("uncertainty", {}), unidentified=tuple(spec.get("unidentified", ())),
+                    intervals=spec.get("intervals", {}), unidentified=tuple(spec.get("unidentified", ())),
                     dataset_digest=spec.get("dataset_digest", ""),
                     standin_truth=PhysicalParams(**{k: v for k, v in truth.items() if k != "label"}) if truth else None,
                     replay_error_before=spec["replay_error_before"], replay_error_after=spec["replay_error_after"],

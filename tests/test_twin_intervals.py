@@ -1,0 +1,68 @@
+"""95% bootstrap intervals of the twin's fitted parameters (issue 33): they cover the stand-in's hidden truth."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from stages.collect.rollouts import record
+from stages.collect.store import DatasetStore
+from stages.sim.params import PhysicalParams
+from stages.sim.registry import load
+from stages.twin.calibrate import FITTED, CalibrateConfig, calibrate, twin_from_file
+from stages.twin.intervals import interval, resample
+
+CHEAP = CalibrateConfig(window=10, max_windows=36, generations=16, search_generations=4, max_latency=0,
+                        joint_generations=0, bootstrap=200)
+"""Short windows, few generations: the point estimate is rough, the intervals must still hold."""
+
+
+def hidden(seed: int) -> PhysicalParams:
+    """A cart-pole stand-in with its own hidden damping, gain, mass and friction."""
+    rng = np.random.default_rng(seed)
+    return PhysicalParams(damping=rng.uniform(0.6, 1.8), actuator_gain=rng.uniform(0.7, 1.2),
+                          mass=rng.uniform(0.7, 1.4), friction=rng.uniform(0.05, 0.5), obs_noise=0.002)
+
+
+def twin_of(truth: PhysicalParams, seed: int, tmp_path):
+    task = load("cartpole")
+    log = record(task, truth, 12, seed, tmp_path / f"log{seed}.parquet", f"drawn-cartpole-{seed}")
+    dataset = DatasetStore(tmp_path / f"ds{seed}", task, "cartpole").ingest([log], "test").dataset
+    return calibrate(CHEAP.model_copy(update={"seed": seed}), dataset, tmp_path / f"twin{seed}")
+
+
+@pytest.mark.slow
+def test_intervals_cover_the_hidden_truth_of_20_standins(tmp_path):
+    covered = []
+    for seed in range(20):
+        truth = hidden(seed)
+        twin = twin_of(truth, seed, tmp_path)
+        covered += [twin.intervals[n][0] <= getattr(truth, n) <= twin.intervals[n][1] for n in FITTED]
+    assert np.mean(covered) >= 0.9, f"{sum(covered)} of {len(covered)} intervals hold the truth"
+
+
+def test_intervals_are_written_and_read_back(tmp_path):
+    twin = twin_of(hidden(0), 0, tmp_path)
+    assert set(twin.intervals) == set(FITTED)
+    for name, (lo, hi) in twin.intervals.items():
+        assert lo <= getattr(twin.params, name) <= hi, name
+    assert json.loads(twin.path.read_text())["intervals"] == {k: list(v) for k, v in twin.intervals.items()}
+    assert twin_from_file(twin.path, "cartpole").intervals == twin.intervals
+
+
+def test_an_unidentifiable_parameter_gets_its_whole_search_range():
+    """x1 moves the residuals, x0 barely does (its standard error would be far beyond its range): x0's interval spans its
+    bounds, x1's is narrow around its fit; a parameter held fixed (flagged unidentifiable) gets its bounds too."""
+    rng = np.random.default_rng(0)
+    noise, pattern = rng.normal(0, 0.01, (2, 40, 5))
+    residuals = lambda xs: np.stack([noise + x[1] - 0.5 + 1e-3 * pattern * x[0] for x in xs])  # noqa: E731
+    bounds = np.array([[-1.6, 1.6], [0.0, 1.0]])
+    box = interval(residuals, np.array([0.0, 0.5]), bounds, np.array([True, True]),
+                   resample(np.arange(40), 200, 0), np.zeros(2))
+    np.testing.assert_allclose(box[0], bounds[0])
+    assert box[1, 0] < 0.5 < box[1, 1] and box[1, 1] - box[1, 0] < 0.01
+    fixed = interval(residuals, np.array([0.0, 0.5]), bounds, np.array([False, True]),
+                     resample(np.arange(40), 200, 0), np.zeros(2))
+    np.testing.assert_allclose(fixed[0], bounds[0])
