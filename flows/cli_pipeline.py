@@ -136,14 +136,17 @@ def calibrate(
     twin = calibrate_step(standalone_run(ws, task), cfg, ds, ws.home / "twins" / store.task.name / f"v{ds.version:04d}")
     spec = json.loads(twin.path.read_text())
     truth = spec.get("standin_truth")
-    table = Table("parameter", "prior", "fitted", "± (rel. 1σ)", "sensitivity", *(["stand-in truth"] if truth else []),
+    table = Table("parameter", "prior", "fitted", "95% interval", "sensitivity", *(["stand-in truth"] if truth else []),
                   title=f"twin of {task} on dataset v{ds.version:04d}")
+    span = lambda name: "{:.4g} – {:.4g}".format(*twin.intervals[name]) if name in twin.intervals else ""  # noqa: E731
     for name in (*FITTED, "latency_steps", "obs_noise"):
         fitted = "prior (unidentifiable)" if name in twin.unidentified else f"{spec['params'][name]:.4g}"
         sens = spec["sensitivity"].get(name)
-        table.add_row(name, f"{spec['prior'][name]:.4g}", fitted,
-                      f"{spec['uncertainty'][name]:.2%}" if name in spec["uncertainty"] else "",
+        table.add_row(name, f"{spec['prior'][name]:.4g}", fitted, span(name),
                       f"{sens:.3g}" if sens is not None else "", *([f"{truth[name]:.4g}"] if truth else []))
+    for name in (n for n in twin.intervals if "." in n):  # per joint: multipliers on the global fit
+        field, joint = name.split(".", 1)
+        table.add_row(name, "1", f"{spec['params'][field][joint]:.4g}", span(name), "", *([""] if truth else []))
     console.print(table)
     console.print(f"replay error {twin.replay_error_before:.4g} → {twin.replay_error_after:.4g} "
                   f"({twin.replay_error_before / twin.replay_error_after:.1f}× lower); twin {twin.path}", soft_wrap=True)

@@ -35,7 +35,7 @@ def linear_policy(tmp_path: Path, k, name: str) -> ExportedPolicy:
 
 
 def twin(params: PhysicalParams = PhysicalParams(), truth: PhysicalParams | None = None) -> TwinSpec:
-    return TwinSpec(path=Path("twin.json"), digest="twin" * 4, task="cartpole", params=params, uncertainty={},
+    return TwinSpec(path=Path("twin.json"), digest="twin" * 4, task="cartpole", params=params,
                     dataset_digest="d", standin_truth=truth, replay_error_before=1.0, replay_error_after=1.0)
 
 

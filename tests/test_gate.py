@@ -53,7 +53,7 @@ def test_challenger_is_compared_with_the_champion_on_the_same_seeds(tmp_path):
     from stages.sim.params import PhysicalParams
     from stages.twin.evaluate import Champion, EvalConfig, evaluate
 
-    twin = TwinSpec(path=tmp_path / "twin.json", digest="t", task="cartpole", params=PhysicalParams(), uncertainty={},
+    twin = TwinSpec(path=tmp_path / "twin.json", digest="t", task="cartpole", params=PhysicalParams(),
                     dataset_digest="d", replay_error_before=1.0, replay_error_after=1.0)
     gate = GateConfig(min_success_rate=0.0, min_mean_return=-1e9, non_inferiority_margin=0.0)
     suite = tmp_path / "suite.yaml"

@@ -155,7 +155,7 @@ def test_trains_exports_evaluates_and_packages(quad, tmp_path, monkeypatch):
                  PhysicalParams(), tmp_path / "ck", on_iteration=lambda it, m: seen.append(m))
     assert len(seen) == 3 and all(np.isfinite(v) for m in seen for k, v in m.items() if k.startswith("loss_"))
     policy = export(ExportConfig(parity_samples=200), ckpt, tmp_path / "onnx")
-    twin = TwinSpec(path=Path("twin.json"), digest="twin" * 4, task="quadruped", params=PhysicalParams(), uncertainty={},
+    twin = TwinSpec(path=Path("twin.json"), digest="twin" * 4, task="quadruped", params=PhysicalParams(),
                     dataset_digest="d", standin_truth=None, replay_error_before=1.0, replay_error_after=1.0)
     report = evaluate(EvalConfig(episodes=4, video=False), GateConfig(), policy, twin, tmp_path / "eval")
     import json

@@ -172,12 +172,6 @@ class Search:
         values = [getattr(self.prior, n) * np.exp(box[i]) for i, n in enumerate(LOG_SCALED)]
         return {n: (float(lo), float(hi)) for n, (lo, hi) in zip(FITTED, [*values, box[-1] * self.friction_unit])}
 
-    def relative_sigma(self, optimizer: CMA, fitted: PhysicalParams) -> np.ndarray:
-        """1σ of the final search distribution, relative to the fitted value, per parameter."""
-        sigma = optimizer._sigma * np.sqrt(np.diag(optimizer._C))  # log-space std ≈ relative std
-        sigma[-1] = sigma[-1] * self.friction_unit / max(fitted.friction, 1e-12)
-        return sigma
-
 
 def _fit(replayer: Replayer, search: Search, latency: int, generations: int, cfg: CalibrateConfig,
          optimizer: CMA | None = None) -> tuple[CMA, float]:
@@ -353,14 +347,11 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
                     dataset.task, after, leftover.ratio, leftover.noise_floor, ", ".join(leftover.worst_joints))
     cov = optimizer._C
     corr = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
-    uncertainty = {name: float(s) for name, s in zip(FITTED, search.relative_sigma(optimizer, fitted))
-                   if name not in unidentified}  # CMA-ES's step size, not an interval: read by the CLI's table
     robots = json.loads((dataset.path / "manifest.json").read_text())["robots"]
     spec = {
         "task": dataset.task,
         "params": fitted.model_dump(),
         "prior": prior.model_dump(),
-        "uncertainty": uncertainty,
         "intervals": intervals,
         "sensitivity": sens,
         "unidentified": list(unidentified),
