@@ -18,6 +18,15 @@ def test_arm6_and_quadruped_have_their_own_hidden_shifts(task):
     assert all(getattr(truth, name) != getattr(load(task).nominal_params(), name) for name in FITTED)
 
 
+def assert_closer_than_the_prior(twin, truth, names, factor: float) -> None:
+    """Each fitted value ``factor`` times closer to the truth than the prior (the uncalibrated model) is: a fit that
+    stays at the prior fails even when the prior lies within the tolerance of the truth."""
+    nominal = load(twin.task).nominal_params()  # calibration's prior
+    for name in names:
+        fitted, prior, true = getattr(twin.params, name), getattr(nominal, name), getattr(truth, name)
+        assert factor * abs(fitted - true) < abs(prior - true), (name, fitted, prior, true)
+
+
 def calibrated_standin(task: str, episodes: int, cfg: CalibrateConfig, tmp_path):
     """The twin calibrated from ``episodes`` of the stand-in's logs for ``task``, and the stand-in's hidden truth."""
     store = DatasetStore(tmp_path / "ds", load(task), task)
@@ -33,6 +42,7 @@ def test_arm6_calibration_recovers_every_hidden_parameter(tmp_path):
     assert twin.unidentified == () and twin.params.latency_steps == truth.latency_steps
     for name in FITTED:
         assert getattr(twin.params, name) == pytest.approx(getattr(truth, name), rel=0.05), name
+    assert_closer_than_the_prior(twin, truth, FITTED, factor=5)
     assert twin.params.obs_noise == pytest.approx(truth.obs_noise, rel=0.3)
     assert twin.replay_error_after * 20 < twin.replay_error_before
 
@@ -48,6 +58,7 @@ def test_quadruped_calibration_recovers_gain_damping_and_payload(quadruped_twin)
     assert twin.params.latency_steps == truth.latency_steps
     for name in ("damping", "actuator_gain", "mass"):
         assert getattr(twin.params, name) == pytest.approx(getattr(truth, name), rel=0.1), name
+    assert_closer_than_the_prior(twin, truth, ("damping", "actuator_gain", "mass"), factor=3)
     for name in ("damping", "actuator_gain", "mass"):
         lo, hi = twin.intervals[name]
         assert lo <= getattr(truth, name) <= hi and hi - lo < 0.4 * getattr(twin.params, name), (name, lo, hi)
