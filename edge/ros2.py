@@ -175,6 +175,7 @@ def serve(root: Path, state_topic: str, command_topic: str, action_topic: str, a
               flush=True)
         stats = loop.serve(duration_s)
         executor.shutdown()
+        spinner.join()
         node.destroy_node()
     finally:
         rclpy.try_shutdown()
