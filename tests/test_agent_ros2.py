@@ -248,7 +248,8 @@ def listen(out: Path) -> None:
     while not stop:
         rclpy.spin_once(node, timeout_sec=0.05)
         if heard and not announced:
-            announced = print("hearing", flush=True) or True
+            print("hearing", flush=True)
+            announced = True
     out.write_text(json.dumps(heard))
 
 
