@@ -64,7 +64,7 @@ def ros(tmp_path, monkeypatch):
     return ros_env(tmp_path)
 
 
-def ros_store(tmp_path: Path, monkeypatch) -> Path:
+def ros_store(tmp_path: Path, monkeypatch, period_s: float = PERIOD) -> Path:
     """The tiny bundle with the ROS contract (``ROS_IO``: offsets and a command term kept), written by the
     real packager and active in a device store."""
     from stages.io_spec import ObservationTerm
@@ -73,7 +73,7 @@ def ros_store(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setattr(bundles, "io_spec", lambda io, period_s, task="cartpole": plain(io, period_s, task).model_copy(
         update={"observations": tuple(ObservationTerm(**t) for t in io["input"]["terms"])}))
     monkeypatch.setattr(bundles, "TINY_IO", ROS_IO)
-    return bundles.active_store(tmp_path, period_s=PERIOD)
+    return bundles.active_store(tmp_path, period_s=period_s)
 
 
 def start_agent(root: Path, env: dict, *args: str) -> subprocess.Popen:
