@@ -10,8 +10,9 @@ command of the wrong length, is dropped and counted as malformed.
 
 Action: ``Float64MultiArray`` (the contract's action order) or ``trajectory_msgs/msg/JointTrajectory``
 (joint names = action names, one point at ``time_from_start`` = one period, header stamp = the
-observation's stamp), published every period by the same clock-anchored loop as ``run`` (edge/control.py):
-NaN/Inf guard, watchdog, deadline accounting and statistics are ControlLoop's.
+answered observation's stamp, exactly), one per period with a new observation, by the same clock-anchored
+loop as ``run`` (edge/control.py): NaN/Inf guard, watchdog (the safe default every period after K silent
+ones), deadline accounting and statistics are ControlLoop's.
 
 QoS: state and action topics best effort, keep last 1 (a late sample is worth nothing to a controller;
 a best-effort publisher is not seen by a reliable subscriber). Commands: reliable, keep last 1.
@@ -40,6 +41,7 @@ ACTION_TYPES = ("float64_array", "joint_trajectory")
 os.environ.setdefault("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp")  # the only RMW on PyPI
 try:
     import rclpy
+    from builtin_interfaces.msg import Time
     from rclpy.executors import SingleThreadedExecutor
     from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
     from rclpy.signals import SignalHandlerOptions
@@ -101,6 +103,7 @@ class RosLoop(ControlLoop):
         self.command = np.full(len(self.map.commands), np.nan, np.float32)
         self.action_type = action_type
         self._pending: Optional[JointState] = None
+        self._stamp = Time()  # the header stamp of the observation answered last, echoed exactly
         self._lock = threading.Lock()
         self._received = 0
         state, command, action = topics
@@ -134,14 +137,14 @@ class RosLoop(ControlLoop):
                 self.counts["malformed"] += 1
             return None
         self._received += 1
-        stamp = msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9
-        return self._received, stamp, obs, None
+        self._stamp = msg.header.stamp
+        return self._received, self._stamp.sec + self._stamp.nanosec * 1e-9, obs, None
 
     def _send(self, seq: int, stamp: float, flags: int, action: np.ndarray) -> None:
         values: List[float] = action.astype(float).tolist()
         if self.action_type == "joint_trajectory":
             msg = JointTrajectory(joint_names=list(self.policy.action_names))
-            msg.header.stamp.sec, msg.header.stamp.nanosec = int(stamp), int(round((stamp % 1.0) * 1e9)) % 10 ** 9
+            msg.header.stamp = self._stamp
             point = JointTrajectoryPoint(positions=values)
             point.time_from_start.nanosec = int(self.period * 1e9)
             msg.points = [point]
