@@ -119,6 +119,18 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ros2(args: argparse.Namespace) -> int:
+    try:
+        from edge import ros2
+    except ImportError as e:
+        print(f"sim2edge-agent: {e}", file=sys.stderr)
+        return ERROR
+    stats = ros2.serve(Path(args.root), args.state_topic, args.command_topic, args.action_topic, args.action_type,
+                       args.watchdog_periods, args.duration, args.stats, args.stats_window)
+    print(json.dumps(stats, sort_keys=True))
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from edge.bench import bench
 
@@ -260,6 +272,22 @@ def parser() -> argparse.ArgumentParser:
                     help="seconds between reports, and one at exit (default %(default)s)")
     rn.add_argument("--device-id", default=socket.gethostname(), help="default: the host name")
     rn.set_defaults(func=_run)
+    r2 = sub.add_parser("ros2", help="serve the active policy as a ROS 2 node: JointState in, actions out "
+                                     "(needs the ROS 2 wheels; see edge/ros2.py)")
+    r2.add_argument("--root", default=DEFAULT_ROOT)
+    r2.add_argument("--state-topic", default="/joint_states", help="sensor_msgs/JointState (default %(default)s)")
+    r2.add_argument("--command-topic", default="/sim2edge/command",
+                    help="std_msgs/Float64MultiArray: the contract's command terms (default %(default)s)")
+    r2.add_argument("--action-topic", default="/sim2edge/action", help="default %(default)s")
+    r2.add_argument("--action-type", choices=("float64_array", "joint_trajectory"), default="float64_array",
+                    help="std_msgs/Float64MultiArray or trajectory_msgs/JointTrajectory (default %(default)s)")
+    r2.add_argument("--watchdog-periods", type=int, default=5,
+                    help="no JointState for this many periods: publish the safe default (default %(default)s)")
+    r2.add_argument("--duration", type=float, metavar="S", help="exit after S seconds (default: until SIGTERM)")
+    r2.add_argument("--stats", type=Path, help="also write the final statistics (JSON) here")
+    r2.add_argument("--stats-window", type=int, default=10000, metavar="N",
+                    help="latency percentiles over the last N periods (default %(default)s)")
+    r2.set_defaults(func=_ros2)
     be = sub.add_parser("bench", help="latency p50/p99 of Policy.act() vs the bare runtime call")
     be.add_argument("--root", default=DEFAULT_ROOT)
     be.add_argument("--iterations", type=int, default=20000)

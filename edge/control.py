@@ -93,10 +93,17 @@ def decode_action(data: bytes) -> Tuple[int, float, int, np.ndarray]:
     return seq, stamp, flags, np.frombuffer(data, "<f4", count, ACT.size)
 
 
-class ControlLoop:
-    """Ticks at ``policy.period_s``; see the module docstring for the protocol."""
+Observation = Tuple[int, float, np.ndarray, Optional[np.ndarray]]
+"""seq, stamp, the policy's input values, the robot's joint state (telemetry only) or None."""
 
-    def __init__(self, policy: Policy, sock: socket.socket, watchdog_periods: int = 5,
+
+class ControlLoop:
+    """Ticks at ``policy.period_s``; see the module docstring for the protocol.
+
+    The transport is ``_receive`` (newest observation since the last tick) and ``_send`` (an action);
+    edge/ros2.py overrides both, everything else (guard, watchdog, deadlines, stats) is shared."""
+
+    def __init__(self, policy: Policy, sock: Optional[socket.socket], watchdog_periods: int = 5,
                  stop_after_silence_s: Optional[float] = None, recorder: Optional[Recorder] = None,
                  stats_window: int = 10000) -> None:
         self.policy, self.sock, self.recorder = policy, sock, recorder
@@ -171,6 +178,19 @@ class ControlLoop:
                 self.counts["dropped_stale"] += 1  # two observations in one period: the older is skipped
             newest = (data, addr)
 
+    def _receive(self) -> Optional[Observation]:
+        """The newest valid observation datagram since the last tick; its sender gets the replies."""
+        got = self._drain()
+        if got is None:
+            return None
+        data, addr = got
+        self.client = addr or self.client
+        _, seq, stamp, count = OBS.unpack_from(data)
+        obs = np.frombuffer(data, "<f4", count, OBS.size)
+        tail = OBS.size + 4 * count + COUNT.size
+        state = np.frombuffer(data, "<f4", self.nstate, tail) if len(data) > tail else None
+        return seq, stamp, obs, state
+
     def _send(self, seq: int, stamp: float, flags: int, action: np.ndarray) -> None:
         if self.client is None:
             return
@@ -186,15 +206,10 @@ class ControlLoop:
         self.counts["ticks"] += 1
         now = time.monotonic()
         loop_s, self._last_tick = (now - self._last_tick if self._last_tick else 0.0), now
-        got = self._drain()
+        got = self._receive()
         flags = 0
         if got is not None:
-            data, addr = got
-            self.client = addr or self.client
-            _, seq, stamp, count = OBS.unpack_from(data)
-            obs = np.frombuffer(data, "<f4", count, OBS.size)
-            tail = OBS.size + 4 * count + COUNT.size
-            state = np.frombuffer(data, "<f4", self.nstate, tail) if len(data) > tail else None
+            seq, stamp, obs, state = got
             self.counts["observations"] += 1
             self.silent = 0
             before = self.policy.unsafe_count
