@@ -68,7 +68,8 @@ def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *ar
 def over_twin(cfg: TrainConfig, twin: TwinSpec) -> TrainConfig:
     """``cfg`` randomizing over the twin's intervals: what the twin does not know. An unidentified parameter's interval
     (its whole search range) is left out: it keeps the task's own range."""
-    return cfg.model_copy(update={"twin_intervals": {k: v for k, v in twin.intervals.items() if k not in twin.unidentified}})
+    known = {k: v for k, v in twin.intervals.items() if k not in twin.unidentified}
+    return cfg.model_copy(update={"twin_intervals": known})
 
 
 def train_seeds(ctx: RunContext, params: PipelineParams, spec: TwinSpec, out: Path,

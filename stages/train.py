@@ -263,7 +263,8 @@ def train(
     warm_start: Path | None = None,
     resume: Path | None = None,
 ) -> Checkpoint:
-    """Train with randomization centred on ``twin`` (over ``cfg.twin_intervals`` where given); write ``out_dir/model.pt`` atomically.
+    """Train with randomization centred on ``twin``, over ``cfg.twin_intervals`` where given; write
+    ``out_dir/model.pt`` atomically.
 
     ``warm_start``: start from another checkpoint's actor and critic (fresh optimizer, iteration 0).
     ``resume``: continue a checkpoint of this same run (:data:`RESUMABLE_CHANGES` aside) from its

@@ -60,14 +60,15 @@ def test_per_joint_intervals_spread_the_envs_per_joint():
     task = registry.load("reacher")
     r = task.randomization.around(TWIN, {"damping_by_joint.joint1": (0.5, 2.0)})
     env = BatchedEnv(task, 64, params=TWIN, randomization=r, seed=0)
-    dof = [task.model.jnt_dofadr[mujoco.mj_name2id(task.model, mujoco.mjtObj.mjOBJ_JOINT, j)] for j in ("joint0", "joint1")]
+    dof = [task.model.jnt_dofadr[mujoco.mj_name2id(task.model, mujoco.mjtObj.mjOBJ_JOINT, j)]
+           for j in ("joint0", "joint1")]
     damping = np.stack([m.dof_damping[dof] for m in env.models])
     ratio = damping[:, 1] / damping[:, 0] / (task.model.dof_damping[dof[1]] / task.model.dof_damping[dof[0]])
     assert np.allclose(ratio * 1.2, [p.damping_by_joint["joint1"] for p in env.params])  # joint0 keeps its 1.2
     assert ratio.min() * 1.2 < 0.6 and ratio.max() * 1.2 > 1.8
 
 
-def test_restore_reapplies_the_per_joint_samples():
+def test_per_joint_samples_repeat_and_restore():
     task = registry.load("reacher")
     r = task.randomization.around(TWIN, {"damping_by_joint.joint1": (0.5, 2.0)})
     env = BatchedEnv(task, 4, params=TWIN, randomization=r, seed=0)
@@ -75,6 +76,7 @@ def test_restore_reapplies_the_per_joint_samples():
     env.reset()
     env.restore(snap)
     assert np.array_equal(np.stack([m.dof_damping for m in env.models]), damping)
+    assert BatchedEnv(task, 4, params=TWIN, randomization=r, seed=0).params == env.params  # same seed, same draws
 
 
 def test_over_twin_takes_the_identified_intervals():

@@ -63,7 +63,8 @@ class Randomization(BaseModel):
                                                     "steps, per environment.")
     ranges: dict[str, Range] = Field(default_factory=dict, description="Absolute uniform range per parameter, in "
                                      "place of its half-width: a global one by name (a scale or ``friction``), a "
-                                     "per-element one as ``<field>.<joint or actuator>`` (e.g. ``damping_by_joint.hip``).")
+                                     "per-element one as ``<field>.<joint or actuator>`` (e.g. "
+                                     "``damping_by_joint.hip``).")
 
     @model_validator(mode="after")
     def _known_ranges(self) -> Randomization:
