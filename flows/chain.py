@@ -19,7 +19,7 @@ from mlflow.entities.model_registry import ModelVersion
 from prefect import unmapped
 
 from registry.tracking import RunContext, fail_orphans, log_metrics, start_pipeline
-from stages.artifacts import Checkpoint, Dataset, remove_partial
+from stages.artifacts import Checkpoint, Dataset, TwinSpec, remove_partial
 from stages.export import ExportConfig
 from stages.sim.registry import load
 from stages.train import TrainConfig
@@ -65,11 +65,20 @@ def cached(ctx: RunContext, stage: str, out: Path, call: Callable[..., Any], *ar
     return record(ctx, stage, out, call(*args), lambda: call.with_options(refresh_cache=True)(*args))
 
 
-def train_seeds(ctx: RunContext, params: PipelineParams, twin: PhysicalParams, out: Path,
+def over_twin(cfg: TrainConfig, twin: TwinSpec) -> TrainConfig:
+    """``cfg`` randomizing over the twin's intervals: what the twin does not know. An unidentified parameter's interval
+    (its whole search range) is left out: it keeps the task's own range."""
+    known = {k: v for k, v in twin.intervals.items() if k not in twin.unidentified}
+    return cfg.model_copy(update={"twin_intervals": known})
+
+
+def train_seeds(ctx: RunContext, params: PipelineParams, spec: TwinSpec, out: Path,
                 start_from: Optional[Path]) -> Checkpoint:
-    """Train ``params.train_seeds`` seeds over the flow's task runner; keep the best final training return."""
-    cfgs = [TrainConfig(task=params.task, iterations=params.iterations, num_envs=params.num_envs, seed=params.seed + k,
-                        **params.train.model_dump())
+    """Train ``params.train_seeds`` seeds over the flow's task runner, randomized over the twin's intervals; keep the
+    best final training return."""
+    twin = spec.params
+    cfgs = [over_twin(TrainConfig(task=params.task, iterations=params.iterations, num_envs=params.num_envs,
+                                  seed=params.seed + k, **params.train.model_dump()), spec)
             for k in range(params.train_seeds)]
     if len(cfgs) == 1:
         return cached(ctx, "train", out, train_stage, ctx, cfgs[0], twin, out / "checkpoint", start_from)
@@ -119,7 +128,7 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
     champion, champion_ckpt = champion_for(ctx, seen, load(params.task).obs_dim, out / "champion")
     start_from = champion_ckpt if warm_start else None
     with timed(timings, "train"):
-        ckpt = train_seeds(ctx, params, twin.params, out, start_from)
+        ckpt = train_seeds(ctx, params, twin, out, start_from)
     with timed(timings, "export"):
         policy = cached(ctx, "export", out, export_stage, ctx, ExportConfig(seed=params.seed), ckpt, out / "onnx")
     with timed(timings, "evaluate"):

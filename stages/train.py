@@ -60,6 +60,10 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="Also write the checkpoint every N iterations (0: at the end).")
     disturbance: Disturbance = Field(default_factory=Disturbance, description="Pushes, sensor bias and initial-state "
                                      "spread during training (e.g. base pushes for a legged robot); none by default.")
+    twin_intervals: dict[str, tuple[float, float]] = Field(default_factory=dict, description="The twin's 95% "
+                                                           "intervals (``TwinSpec.intervals``' keys): training "
+                                                           "randomizes over each, widened by the task's own ranges "
+                                                           "(``Randomization.around``). Empty: the task's ranges.")
     overlap: bool = Field(False, description="Collect the next rollout while the update runs (one policy lag; "
                                              "not bit-reproducible). See benchmarks/overlap.py for when it pays.")
 
@@ -259,7 +263,8 @@ def train(
     warm_start: Path | None = None,
     resume: Path | None = None,
 ) -> Checkpoint:
-    """Train with randomization centred on ``twin``; write ``out_dir/model.pt`` atomically.
+    """Train with randomization centred on ``twin``, over ``cfg.twin_intervals`` where given; write
+    ``out_dir/model.pt`` atomically.
 
     ``warm_start``: start from another checkpoint's actor and critic (fresh optimizer, iteration 0).
     ``resume``: continue a checkpoint of this same run (:data:`RESUMABLE_CHANGES` aside) from its
@@ -269,8 +274,8 @@ def train(
         raise ValueError("give warm_start or resume, not both")
     task = load(cfg.task)
     torch.manual_seed(cfg.seed)
-    env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization, seed=cfg.seed, nthread=cfg.nthread,
-                     disturbance=cfg.disturbance)
+    env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization.around(twin, cfg.twin_intervals),
+                     seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance)
     vec_env = RslRlEnv(env)
     alg = build_algorithm(cfg, vec_env)
     if warm_start is not None:
@@ -343,7 +348,7 @@ def _resume(alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig, twin: PhysicalParams,
     saved = torch.load(checkpoint, weights_only=False)
     if "resume" not in saved:
         raise ValueError(f"{checkpoint} holds no resume state (not written by sim2edge's train); warm-start from it")
-    old = saved["infos"]["config"]
+    old = {**TrainConfig().model_dump(mode="json"), **saved["infos"]["config"]}  # a field added since: its default
     changed = sorted(k for k, v in cfg.model_dump(mode="json").items() if k not in RESUMABLE_CHANGES and old.get(k) != v)
     if changed:
         raise ValueError(f"{checkpoint} was trained with a different config: "

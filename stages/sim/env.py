@@ -142,7 +142,7 @@ class BatchedEnv:
             getattr(self, k)[...] = snap["arrays"][k]
         self.params = [PhysicalParams(**p) for p in snap["params"]]
         for model, p in zip(self.models, self.params):
-            apply_params(model, self.task.model, p, self.task.mass_mask, self._actuated)
+            apply_params(model, self.task.model, p, self.task.mass_mask, self._actuated, self._datas[0])
         self.rng.bit_generator.state = snap["rng"]
 
     def reset(self, mask: np.ndarray | None = None) -> np.ndarray:
@@ -159,7 +159,7 @@ class BatchedEnv:
                  else [self.centre] * len(idx))
         for i, p in zip(idx, drawn):
             if self.randomization or mask is None:
-                apply_params(self.models[i], self.task.model, p, self.task.mass_mask, self._actuated)
+                apply_params(self.models[i], self.task.model, p, self.task.mass_mask, self._actuated, self._datas[0])
             self.params[i] = p
             self.obs_noise[i] = p.obs_noise
             self.latency[i] = p.latency_steps

@@ -19,9 +19,15 @@ from __future__ import annotations
 
 import mujoco
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCALED = ("damping", "actuator_gain", "armature", "mass")
+PER_ELEMENT = ("damping_by_joint", "armature_by_joint", "gain_by_actuator", "friction_by_joint")
+MAX_SPREAD = 2.0
+"""A twin's interval of a scale or multiplier is cut at ×/÷ this around the fitted value: an unidentifiable one spans
+the whole search range [0.2, 5], and a policy trained across a 25× range of gains learns a timid compromise."""
+
+Range = tuple[float, float]
 
 
 class PhysicalParams(BaseModel):
@@ -55,6 +61,50 @@ class Randomization(BaseModel):
     obs_noise: float = Field(0.0, ge=0, description="Extra noise std sampled in [0, value].")
     latency_steps: int = Field(0, ge=0, description="Extra action delay sampled uniformly in {0, …, value} control "
                                                     "steps, per environment.")
+    ranges: dict[str, Range] = Field(default_factory=dict, description="Absolute uniform range per parameter, in "
+                                     "place of its half-width: a global one by name (a scale or ``friction``), a "
+                                     "per-element one as ``<field>.<joint or actuator>`` (e.g. "
+                                     "``damping_by_joint.hip``).")
+
+    @model_validator(mode="after")
+    def _known_ranges(self) -> Randomization:
+        for key, (lo, hi) in self.ranges.items():
+            field, _, name = key.partition(".")
+            if not (field in (*SCALED, "friction") and not name or field in PER_ELEMENT and name):
+                raise ValueError(f"no randomizable parameter {key!r}")
+            if not 0 <= lo <= hi or lo == 0 and field not in ("friction", "friction_by_joint"):
+                raise ValueError(f"range {key!r} must satisfy 0 < lo <= hi (friction: 0 <= lo): {(lo, hi)}")
+        return self
+
+    def around(self, centre: PhysicalParams, intervals: dict[str, Range]) -> Randomization:
+        """These ranges widened to a twin's 95% ``intervals`` (keyed as :attr:`ranges`; empty: ``self`` unchanged).
+
+        Per parameter, the range is the union of the task's own (a scale: ``centre`` × (1 ± half-width); friction:
+        ``centre`` + [0, ``friction``]; a per-element multiplier: its fitted value alone) and the twin's interval,
+        a scale's or multiplier's cut at ×/÷ :data:`MAX_SPREAD` around the fitted value. Friction intervals are taken
+        whole: calibration's search already bounds them (a fraction of the largest actuator effort)."""
+        return self.model_validate({**self.model_dump(), "ranges": {**self.ranges, **{
+            key: _widened(key, _fitted(centre, key), self, interval) for key, interval in intervals.items()}}})
+
+
+def _fitted(centre: PhysicalParams, key: str) -> float:
+    """The value of ``key`` (a name or ``<field>.<element>``) in ``centre``: a multiplier defaults to 1, a per-joint
+    friction to the global one."""
+    field, _, name = key.partition(".")
+    if not name:
+        return getattr(centre, field)
+    return getattr(centre, field).get(name, centre.friction if field == "friction_by_joint" else 1.0)
+
+
+def _widened(key: str, value: float, task: Randomization, interval: Range) -> Range:
+    """The union of the task's range of ``key`` around ``value`` and the twin's ``interval`` (see
+    :meth:`Randomization.around`)."""
+    field = key.partition(".")[0]
+    if field in ("friction", "friction_by_joint"):
+        return min(value, interval[0]), max(value + task.friction, interval[1])
+    half = getattr(task, field) if field in SCALED else 0.0
+    lo, hi = max(interval[0], value / MAX_SPREAD), min(interval[1], value * MAX_SPREAD)
+    return min(value * (1 - half), lo), max(value * (1 + half), hi)
 
 
 def actuated_dofs(model: mujoco.MjModel) -> np.ndarray:
@@ -106,12 +156,14 @@ def _per_actuator(model: mujoco.MjModel, by_actuator: dict[str, float]) -> np.nd
 
 def apply_params(
     model: mujoco.MjModel, nominal: mujoco.MjModel, params: PhysicalParams, mass_mask: np.ndarray,
-    actuated: np.ndarray | None = None,
+    actuated: np.ndarray | None = None, scratch: mujoco.MjData | None = None,
 ) -> mujoco.MjModel:
     """Write ``params`` into ``model`` (same structure as ``nominal``) and return it.
 
     ``mass_mask`` (nbody,) selects the bodies whose mass and inertia ``params.mass`` scales;
-    ``actuated``: ``actuated_dofs(nominal)``, if the caller has it already.
+    ``actuated``: ``actuated_dofs(nominal)``, if the caller has it already. Then ``mj_setConst`` recomputes the
+    constants that mass and armature enter (constraint softness, subtree masses), as compiling ``twin.xml`` does;
+    ``scratch``: an MjData of this structure for it to work in (a fresh one costs milliseconds).
     """
     scale = np.where(mass_mask, params.mass, 1.0)
     actuated = actuated_dofs(nominal) if actuated is None else actuated
@@ -126,12 +178,13 @@ def apply_params(
     model.actuator_biasprm[:, 1:3] = nominal.actuator_biasprm[:, 1:3] * gain[:, None]
     model.body_mass[:] = nominal.body_mass * scale
     model.body_inertia[:] = nominal.body_inertia * scale[:, None]
+    mujoco.mj_setConst(model, mujoco.MjData(model) if scratch is None else scratch)
     return model
 
 
 def sample_params(centre: PhysicalParams, ranges: Randomization, rng: np.random.Generator) -> PhysicalParams:
     """Uniform sample around ``centre``: each scale times U(1-r, 1+r); noise and friction add U(0, r); latency adds
-    an integer in {0, …, r}."""
+    an integer in {0, …, r}; a parameter in ``ranges.ranges`` is U(lo, hi) instead."""
     return sample_params_batch(centre, ranges, rng, 1)[0]
 
 
@@ -139,16 +192,39 @@ def sample_params_batch(centre: PhysicalParams, ranges: Randomization, rng: np.r
                         n: int) -> list[PhysicalParams]:
     """``n`` samples as :func:`sample_params` draws them one after another (the same random stream), vectorized.
 
-    A latency range adds one draw per sample (none without one, so other ranges keep their streams)."""
-    k = len(SCALED)
-    u = rng.random((n, k + 2 + (1 if ranges.latency_steps else 0)))
+    A latency range adds one draw per sample, and so does each per-element range, after all others (none without
+    them, so other ranges keep their streams)."""
+    k, latency_draws = len(SCALED), 1 if ranges.latency_steps else 0
+    elements = [key for key in ranges.ranges if "." in key]
+    u = rng.random((n, k + 2 + latency_draws + len(elements)))
     half = np.array([getattr(ranges, name) for name in SCALED])
     scales = (1 - half) + ((1 + half) - (1 - half)) * u[:, :k]  # what rng.uniform(1-r, 1+r) computes
     values = np.array([getattr(centre, name) for name in SCALED]) * scales
+    for i, name in enumerate(SCALED):
+        if name in ranges.ranges:
+            values[:, i] = _uniform(ranges.ranges[name], u[:, i])
     noise = centre.obs_noise + ranges.obs_noise * u[:, k]
-    friction = centre.friction + ranges.friction * u[:, k + 1]
+    friction = (_uniform(ranges.ranges["friction"], u[:, k + 1]) if "friction" in ranges.ranges
+                else centre.friction + ranges.friction * u[:, k + 1])
     latency = centre.latency_steps + (np.floor(u[:, k + 2] * (ranges.latency_steps + 1)).astype(int)
                                       if ranges.latency_steps else np.zeros(n, dtype=int))
+    per_element = _uniform(np.array([ranges.ranges[key] for key in elements]).reshape(-1, 2).T,
+                           u[:, k + 2 + latency_draws :])
     return [centre.model_copy(update={**dict(zip(SCALED, v.tolist())), "obs_noise": float(o), "friction": float(f),
-                                      "latency_steps": int(lat)})
-            for v, o, f, lat in zip(values, noise, friction, latency)]
+                                      "latency_steps": int(lat), **_by_element(centre, elements, e)})
+            for v, o, f, lat, e in zip(values, noise, friction, latency, per_element)]
+
+
+def _uniform(bounds: Range | np.ndarray, u: np.ndarray) -> np.ndarray:
+    """U(lo, hi) from uniform draws ``u`` in [0, 1), as ``rng.uniform`` computes it (``bounds`` broadcast)."""
+    lo, hi = bounds
+    return lo + (hi - lo) * u
+
+
+def _by_element(centre: PhysicalParams, keys: list[str], values: np.ndarray) -> dict[str, dict[str, float]]:
+    """``centre``'s per-element dicts with ``values`` at ``keys`` (``<field>.<element>``); only the fields touched."""
+    out: dict[str, dict[str, float]] = {}
+    for key, value in zip(keys, values.tolist()):
+        field, _, name = key.partition(".")
+        out.setdefault(field, dict(getattr(centre, field)))[name] = value
+    return out
