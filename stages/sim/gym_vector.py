@@ -127,7 +127,8 @@ class GymVectorEnv(gym.vector.VectorEnv):
             getattr(self.env, k)[(slice(None),) * self._row_axis(k) + (rows,)] = v
         for i, p in zip(rows, held["params"]):
             if done[i] and self.env.randomization:  # its auto-reset drew new physics: restore the held ones
-                apply_params(self.env.models[i], self.task.model, p, self.task.mass_mask, self._actuated)
+                apply_params(self.env.models[i], self.task.model, p, self.task.mass_mask, self._actuated,
+                             self.env._datas[0])
             self.env.params[i] = p
 
     @staticmethod
