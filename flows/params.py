@@ -50,6 +50,7 @@ class CalibrateSettings(BaseModel):
     max_latency: int = calibration_field("max_latency")
     joint_generations: int = calibration_field("joint_generations")
     groups: dict[str, tuple[str, ...]] = calibration_field("groups")
+    bootstrap: int = calibration_field("bootstrap")
 
 
 class PipelineParams(BaseModel):
