@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from importlib.resources import files
 from pathlib import Path
 
 import mujoco
@@ -22,20 +21,17 @@ import numpy as np
 
 from stages.sim.kinematics import quat_to_mat
 from stages.sim.params import Randomization
+from stages.sim.reacher import gymnasium_mjcf
 from stages.sim.task import Command, Task, Term
 
 JOINTS = ("hip_4", "ankle_4", "hip_1", "ankle_1", "hip_2", "ankle_2", "hip_3", "ankle_3")
 """In the order of ``ant.xml``'s actuators."""
 
 
-def gymnasium_ant_xml() -> Path:
-    return Path(str(files("gymnasium") / "envs" / "mujoco" / "assets" / "ant.xml"))
-
-
 @dataclass(frozen=True)
 class AntVelocity(Task):
     name: str = "ant_velocity"
-    mjcf: Path = field(default_factory=gymnasium_ant_xml)
+    mjcf: Path = field(default_factory=lambda: gymnasium_mjcf("ant.xml"))
     observations: tuple[Term, ...] = (
         *(Term(f"base_w{a}", "rad/s", noise=0.02) for a in "xyz"),  # gyro
         *(Term(f"gravity_{a}", "1", low=-1, high=1) for a in "xyz"),  # unit gravity in the body frame

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from importlib.resources import files
 from pathlib import Path
 
 import mujoco
@@ -23,20 +22,17 @@ import numpy as np
 
 from stages.sim.kinematics import SitePosition
 from stages.sim.params import Randomization
+from stages.sim.reacher import gymnasium_mjcf
 from stages.sim.task import Command, Task, Term
 
 JOINTS = ("r_shoulder_pan", "r_shoulder_lift", "r_upper_arm_roll", "r_elbow_flex", "r_forearm_roll", "r_wrist_flex",
           "r_wrist_roll")
 
 
-def gymnasium_pusher_xml() -> Path:
-    return Path(str(files("gymnasium") / "envs" / "mujoco" / "assets" / "pusher.xml"))
-
-
 @dataclass(frozen=True)
 class PusherReach(Task):
     name: str = "pusher_reach"
-    mjcf: Path = field(default_factory=gymnasium_pusher_xml)
+    mjcf: Path = field(default_factory=lambda: gymnasium_mjcf("pusher.xml"))
     observations: tuple[Term, ...] = (
         *(Term(f"{j}_pos", "rad") for j in JOINTS),
         *(Term(f"{j}_vel", "rad/s") for j in JOINTS),

@@ -24,8 +24,9 @@ LINK = 0.1
 TIP = 0.11
 
 
-def gymnasium_reacher_xml() -> Path:
-    return Path(str(files("gymnasium") / "envs" / "mujoco" / "assets" / "reacher.xml"))
+def gymnasium_mjcf(file: str) -> Path:
+    """One of the MJCFs the installed gymnasium package ships (``reacher.xml``, ``ant.xml``, ``pusher.xml`` …)."""
+    return Path(str(files("gymnasium") / "envs" / "mujoco" / "assets" / file))
 
 
 def fingertip(qpos: np.ndarray) -> np.ndarray:
@@ -42,7 +43,7 @@ def _distance(qpos: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Reacher(Task):
     name: str = "reacher"
-    mjcf: Path = field(default_factory=gymnasium_reacher_xml)
+    mjcf: Path = field(default_factory=lambda: gymnasium_mjcf("reacher.xml"))
     observations: tuple[Term, ...] = (
         *(Term(f"{f}_{j}", "1", low=-1, high=1) for f in ("cos", "sin") for j in ("shoulder", "elbow")),
         Term("target_x", "m"), Term("target_y", "m"), Term("shoulder_vel", "rad/s"), Term("elbow_vel", "rad/s"),
