@@ -21,7 +21,6 @@ from stages.twin.episodes import run_episodes
 from tests.bundles import make_keys
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.slow
 STAGES = {"collect", "calibrate", "train", "export", "evaluate", "package", "register"}
 
 
