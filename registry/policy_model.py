@@ -1,19 +1,18 @@
 """The exported policy as an MLflow Model (``onnx`` flavor), the source of every registered version.
 
 Stock MLflow then loads a version: ``mlflow.onnx.load_model("models:/cartpole@champion")`` gives the
-graph; ``mlflow.pyfunc.load_model(...).predict(df)`` takes a DataFrame whose columns are the
-observation terms (any order: the signature puts them in the policy's order) and returns the graph's
-output (``action``) as one column, row-major: ``.to_numpy().reshape(len(df), n_actions)`` are the
-actions the device runtime computes. The signature declares the terms ``double``, so MLflow's schema
-enforcement accepts what Python builds: float64 (plain floats, ``mlflow models serve`` JSON), float32,
-and int8/16/32 columns (int64 ones only when every value is 0 or 1: MLflow's rule); the onnx flavor's
-pyfunc then casts float64 to the graph's float32, so float64 inputs that are float32 values act exactly
-as on the device. A missing term is refused by MLflow naming the missing (and any extra) columns; extra
-columns alone are ignored with a warning. A bare NumPy array has no column names and is refused the same
-way: pass ``pd.DataFrame(array, columns=signature.inputs.input_names())``. Its output is the action
-tensor, whose terms (names, units, limits) are in the model's ``metadata``. The signed bundle is an
-extra file of the model (``extra_files/bundle.tar``); devices keep pulling it from the package run
-through the tags ``sim2edge.bundle.*`` (:mod:`registry.models`).
+graph; ``mlflow.pyfunc.load_model(...).predict(x)`` takes what a Python user builds: a DataFrame whose columns
+are the observation terms (matched by name, any order), or an array, a list of rows or an unnamed DataFrame
+with one column per term in the policy's order, of floats, ints or bools (``mlflow models serve`` JSON too).
+The model's own ``python_function`` loader (:mod:`registry.sim2edge_pyfunc`, shipped in the model's
+``code/``) checks and casts them to the graph's float32 as the device runtime does and refuses, in one line,
+a missing term (naming the missing and extra columns), a wrong width, a non-numeric column, an int float32
+cannot hold exactly or a value that is not finite. It returns the graph's output (``action``) as one column,
+row-major: ``.to_numpy().reshape(len(x), n_actions)`` are the actions the device computes. The signature
+declares that output only: an input schema would make MLflow's own enforcement refuse arrays and int64
+columns before the loader sees them; the terms (names, units, limits) are in the model's ``metadata`` and
+its input example. The signed bundle is an extra file of the model (``extra_files/bundle.tar``); devices
+keep pulling it from the package run through the tags ``sim2edge.bundle.*`` (:mod:`registry.models`).
 
 Logged through ``MlflowClient`` with explicit ids, no fluent run or experiment (stages run in
 Prefect's worker threads), in the steps ``mlflow.models.Model.log`` takes: create the logged model
@@ -34,22 +33,23 @@ import pandas as pd
 from mlflow.entities import LoggedModel, LoggedModelOutput, LoggedModelStatus
 from mlflow.models import Model, ModelSignature
 from mlflow.tracking import MlflowClient
-from mlflow.types import ColSpec, DataType, Schema, TensorSpec
+from mlflow.types import Schema, TensorSpec
 
+from registry import sim2edge_pyfunc
 from registry.tracking import serves_artifacts
 
 MODEL_TYPE = "sim2edge-policy"
 
 
 def signature(io: dict, output_name: str) -> ModelSignature:
-    """From the bundle manifest's ``io``: one double column per observation term, in the policy's order (the
-    flavor casts them to the graph's float32); the output tensor (B, actions) under the graph's output name."""
-    return ModelSignature(inputs=Schema([ColSpec(DataType.double, t["name"]) for t in io["input"]["terms"]]),
-                          outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, len(io["output"]["terms"])), output_name)]))
+    """From the bundle manifest's ``io``: the output tensor (B, actions) under the graph's output name; no input
+    schema, so the inputs reach the model's own loader, which checks them against the terms."""
+    return ModelSignature(outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, len(io["output"]["terms"])),
+                                                     output_name)]))
 
 
 def input_example(io: dict, golden: Path, rows: int = 4) -> pd.DataFrame:
-    """The first golden inputs recorded at export, as named float64 observation columns (the signature's type)."""
+    """The first golden inputs recorded at export, as named float64 observation columns (what Python builds)."""
     inputs = np.load(golden)["inputs"][:rows].astype(np.float64)
     return pd.DataFrame(inputs, columns=[t["name"] for t in io["input"]["terms"]])
 
@@ -87,6 +87,15 @@ def upload(client: MlflowClient, model: LoggedModel, onnx_path: Path, golden: Pa
             signature=signature(io, graph.graph.output[0].name), input_example=input_example(io, golden),
             # pinned, so saving does not spawn a subprocess to infer them
             pip_requirements=[f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}"],
-            metadata=metadata, extra_files=[str(bundle)], save_as_external_data=False)
+            metadata=metadata, extra_files=[str(bundle)], save_as_external_data=False,
+            code_paths=[sim2edge_pyfunc.__file__])
+        use_own_pyfunc_loader(local)
         client.log_model_artifacts(model.model_id, str(local))
     client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+
+
+def use_own_pyfunc_loader(local: Path) -> None:
+    """Point the saved model's ``python_function`` flavor at :mod:`registry.sim2edge_pyfunc` (in its ``code/``)."""
+    saved = Model.load(str(local))
+    saved.flavors["python_function"]["loader_module"] = sim2edge_pyfunc.__name__.rsplit(".", 1)[-1]
+    saved.save(str(local / "MLmodel"))
