@@ -37,6 +37,11 @@ class Policy:
         else:
             self._run, self._bound = (lambda feeds: [self.runtime.run(feeds[self._input])]), None
 
+    @property
+    def io_bound(self) -> bool:
+        """Whether single observations run through buffers bound once (the CPU provider's fast path)."""
+        return self._bound is not None
+
     def _bind(self):
         """For single observations on the CPU provider: input and output bound once to preallocated buffers
         (IO binding), so a call copies the observation in and runs, with no per-call tensor allocation.

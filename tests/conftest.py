@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.workspace import Workspace
+from stages.sim import registry
 
 pytest_plugins = ["tests.agent_checks",  # the device agent's refusal fixtures: keys, registry, sibling, active
                   "tests.ci_skips"]  # under CI=true, a skip for a capability this machine can provide fails
@@ -61,6 +62,20 @@ def prefect_harness(workspace: Workspace):
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture
+def own_task():
+    """``own_task(name, factory)``: a task registered through the public registry for this test only."""
+    names = []
+
+    def register(name: str, factory) -> None:
+        registry.register(name, factory)
+        names.append(name)
+
+    yield register
+    for name in names:
+        registry.unregister(name)
 
 
 def run_cli(*args: str, env: dict | None = None, cwd: Path | None = None,

@@ -12,7 +12,6 @@ later pull completes, leaving no staging, half-made link or partial download beh
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import subprocess

@@ -176,7 +176,7 @@ def test_single_observation_fast_path_matches_the_batch_path(tmp_path):
     from edge.policy import Policy
 
     policy = Policy.load(active_store(tmp_path, period_s=0.02))
-    assert policy._bound is not None, "the CPU provider should take the IO-binding path"
+    assert policy.io_bound, "the CPU provider should take the IO-binding path"
     xs = np.random.default_rng(1).normal(scale=0.5, size=(50, 5)).astype(np.float32)
     xs[7, 2] = np.nan
     singles = [policy.act(x) for x in xs]

@@ -190,6 +190,6 @@ def test_bad_agent_telemetry_names_file_and_field(tmp_path, edit, field, message
     store = DatasetStore(tmp_path / "ds", load("cartpole"), "cartpole")
     report = ingest_folder(store, path.parent)
     reasons = {Path(q.file).name: q.reason for q in report.quarantined}
-    assert f"t.npz: " in reasons["t.npz"] and f"'{field}'" in reasons["t.npz"] and message in reasons["t.npz"]
+    assert "t.npz: " in reasons["t.npz"] and f"'{field}'" in reasons["t.npz"] and message in reasons["t.npz"]
     assert "unreadable or truncated .npz" in reasons["cut.npz"]
     assert report.dataset is None and not list((tmp_path / "ds" / "files").iterdir())

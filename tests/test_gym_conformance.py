@@ -237,9 +237,9 @@ def test_observation_wrappers_run_across_autoresets():
 
 
 @pytest.fixture
-def one_step_cartpole(monkeypatch):
+def one_step_cartpole(own_task):
     """A task registered at run time: cart-pole with one-step episodes."""
-    monkeypatch.setitem(registry._FACTORIES, "one_step", lambda: CartPole(episode_steps=1))
+    own_task("one_step", lambda: CartPole(episode_steps=1))
     yield "one_step"
     gym.registry.pop("sim2edge/OneStep-v0", None)
     registry._BUILT.pop("one_step", None)

@@ -115,8 +115,8 @@ class Diverging(CartPole):
         return r * np.nan if self.calls[0] > self.healthy_steps else r
 
 
-def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(monkeypatch, tmp_path):
-    monkeypatch.setitem(registry._FACTORIES, "diverging", Diverging)
+def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(own_task, monkeypatch, tmp_path):
+    own_task("diverging", Diverging)
     monkeypatch.delitem(registry._BUILT, "diverging", raising=False)
     with pytest.raises(NonFiniteTraining, match=r"iteration 2: training diverged .* last good checkpoint \(after 2 "
                                                 r"iterations\) is .*model.pt"):

@@ -42,8 +42,8 @@ class CartSetpoint(CartPole):
 
 
 @pytest.fixture()
-def task(monkeypatch):
-    monkeypatch.setitem(registry._FACTORIES, "cart_setpoint", CartSetpoint)
+def task(own_task, monkeypatch):
+    own_task("cart_setpoint", CartSetpoint)
     monkeypatch.delitem(registry._BUILT, "cart_setpoint", raising=False)
     return registry.load("cart_setpoint")  # validated like any task
 
@@ -89,7 +89,7 @@ def test_the_io_contract_marks_commands(task):
     assert [t["name"] for t in arm if t.get("source") == "command"] == ["target_x", "target_y", "target_z"]
 
 
-def test_malformed_commands_are_named(monkeypatch):
+def test_malformed_commands_are_named(own_task):
     @dataclass(frozen=True)
     class Undeclared(CartSetpoint):
         commands: tuple = ()
@@ -111,11 +111,11 @@ def test_malformed_commands_are_named(monkeypatch):
     class WrongMocapCommands(Arm6):
         mocap_commands: tuple = ("target_x", "target_y")
 
-    fails(monkeypatch, Undeclared, "observation term 'cart_goal' is a command but the task declares no command")
-    fails(monkeypatch, Backwards, "command 'cart_goal' needs a finite range low <= high")
-    fails(monkeypatch, OutOfRange, r"sample_commands\(\) gave shape \(2, 1\) or values outside the commands' ranges")
-    fails(monkeypatch, NotMocap, "mocap_body 'link1' is not a mocap body of arm6.xml")
-    fails(monkeypatch, WrongMocapCommands, r"mocap_commands \('target_x', 'target_y'\) must name three")
+    fails(own_task, Undeclared, "observation term 'cart_goal' is a command but the task declares no command")
+    fails(own_task, Backwards, "command 'cart_goal' needs a finite range low <= high")
+    fails(own_task, OutOfRange, r"sample_commands\(\) gave shape \(2, 1\) or values outside the commands' ranges")
+    fails(own_task, NotMocap, "mocap_body 'link1' is not a mocap body of arm6.xml")
+    fails(own_task, WrongMocapCommands, r"mocap_commands \('target_x', 'target_y'\) must name three")
 
 
 # -- sensors, per-sensor noise and latency, privileged terms ---------------------------------------------------------
@@ -129,8 +129,8 @@ class SlowSensors(CartPole):
                            Term("pole_angvel", "rad/s", noise=0.5))
 
 
-def test_a_sensor_delay_and_its_own_noise_act_on_that_term_only(monkeypatch):
-    monkeypatch.setitem(registry._FACTORIES, "slow_sensors", SlowSensors)
+def test_a_sensor_delay_and_its_own_noise_act_on_that_term_only(own_task, monkeypatch):
+    own_task("slow_sensors", SlowSensors)
     monkeypatch.delitem(registry._BUILT, "slow_sensors", raising=False)
     task = registry.load("slow_sensors")
     env = BatchedEnv(task, 64, seed=0, terminate=False)

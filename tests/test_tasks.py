@@ -14,27 +14,22 @@ from stages.sim.cartpole import ASSETS, CartPole
 from stages.sim.task import Term
 
 
-def register(monkeypatch, cls) -> None:
-    monkeypatch.setitem(registry._FACTORIES, "broken", cls)
-    monkeypatch.delitem(registry._BUILT, "broken", raising=False)
+def fails(own_task, cls, match: str) -> None:
+    own_task("broken", cls)
+    for _ in range(2):  # a task that fails validation is not kept: the second load checks again
+        with pytest.raises(ValueError, match=match):
+            registry.load("broken")
 
 
-def fails(monkeypatch, cls, match: str) -> None:
-    register(monkeypatch, cls)
-    with pytest.raises(ValueError, match=match):
-        registry.load("broken")
-    assert "broken" not in registry._BUILT
-
-
-def test_action_count_must_match_the_actuators(monkeypatch):
+def test_action_count_must_match_the_actuators(own_task):
     @dataclass(frozen=True)
     class TwoActions(CartPole):
         actions: tuple = (Term("slide", "N"), Term("ghost", "N"))
 
-    fails(monkeypatch, TwoActions, "2 action terms but the MJCF has 1 actuators")
+    fails(own_task, TwoActions, "2 action terms but the MJCF has 1 actuators")
 
 
-def test_missing_and_repeated_terms_are_named(monkeypatch):
+def test_missing_and_repeated_terms_are_named(own_task):
     @dataclass(frozen=True)
     class NoObservations(CartPole):
         observations: tuple = ()
@@ -44,11 +39,11 @@ def test_missing_and_repeated_terms_are_named(monkeypatch):
         observations: tuple = (Term("cart_pos", "m"), Term("pole_cos", "1"), Term("pole_sin", "1"),
                                Term("cart_pos", "m"), Term("pole_angvel", "rad/s"))
 
-    fails(monkeypatch, NoObservations, "no observation terms")
-    fails(monkeypatch, Repeated, "observation term 'cart_pos' repeats")
+    fails(own_task, NoObservations, "no observation terms")
+    fails(own_task, Repeated, "observation term 'cart_pos' repeats")
 
 
-def test_an_action_on_a_joint_without_actuator_is_refused(monkeypatch):
+def test_an_action_on_a_joint_without_actuator_is_refused(own_task):
     base = Arm6().actions
 
     @dataclass(frozen=True)
@@ -63,12 +58,12 @@ def test_an_action_on_a_joint_without_actuator_is_refused(monkeypatch):
     class Swapped(Arm6):
         actions: tuple = (base[1], base[0], *base[2:])
 
-    fails(monkeypatch, OnPole, "action term 'slide': joint 'hinge' has no actuator")
-    fails(monkeypatch, Unknown, "action term 'wrist_flex': joint 'gripper' is not in arm6.xml")
-    fails(monkeypatch, Swapped, "action term 'shoulder_lift' is number 0, but actuator 0 does not drive joint 'shoulder_lift'")
+    fails(own_task, OnPole, "action term 'slide': joint 'hinge' has no actuator")
+    fails(own_task, Unknown, "action term 'wrist_flex': joint 'gripper' is not in arm6.xml")
+    fails(own_task, Swapped, "action term 'shoulder_lift' is number 0, but actuator 0 does not drive joint 'shoulder_lift'")
 
 
-def test_nan_in_the_model_is_named(monkeypatch, tmp_path):
+def test_nan_in_the_model_is_named(own_task, tmp_path):
     xml = tmp_path / "nan_cartpole.xml"
     xml.write_text((ASSETS / "cartpole.xml").read_text().replace('axis="0 1 0" damping="0.05"', 'axis="0 1 0" damping="nan"'))
 
@@ -76,10 +71,10 @@ def test_nan_in_the_model_is_named(monkeypatch, tmp_path):
     class NanDamping(CartPole):
         mjcf: Path = xml
 
-    fails(monkeypatch, NanDamping, "nan_cartpole.xml has NaN/Inf in dof_damping of #1")
+    fails(own_task, NanDamping, "nan_cartpole.xml has NaN/Inf in dof_damping of #1")
 
 
-def test_wrong_shapes_and_nan_terms_are_named(monkeypatch):
+def test_wrong_shapes_and_nan_terms_are_named(own_task):
     @dataclass(frozen=True)
     class ShortObservation(CartPole):
         def observe(self, qpos, qvel):
@@ -108,24 +103,24 @@ def test_wrong_shapes_and_nan_terms_are_named(monkeypatch):
         def terminated(self, qpos, qvel):
             return np.zeros(len(qpos))
 
-    fails(monkeypatch, ShortObservation, r"observe\(\) gave shape \(2, 4\), expected \(N, 5\) for the observation "
+    fails(own_task, ShortObservation, r"observe\(\) gave shape \(2, 4\), expected \(N, 5\) for the observation "
                                          r"terms cart_pos, pole_cos")
-    fails(monkeypatch, NanTerm, "NaN/Inf in observation term 'cart_vel'")
-    fails(monkeypatch, ColumnReward, r"reward\(\) gave shape \(2, 1\), expected \(N,\)")
-    fails(monkeypatch, WrongState, r"initial_state qpos has shape \(2, 1\), expected \(2, 2\)")
-    fails(monkeypatch, FloatTermination, r"terminated\(\) gave shape \(2,\) dtype float64, expected \(N,\) bool")
+    fails(own_task, NanTerm, "NaN/Inf in observation term 'cart_vel'")
+    fails(own_task, ColumnReward, r"reward\(\) gave shape \(2, 1\), expected \(N,\)")
+    fails(own_task, WrongState, r"initial_state qpos has shape \(2, 1\), expected \(2, 2\)")
+    fails(own_task, FloatTermination, r"terminated\(\) gave shape \(2,\) dtype float64, expected \(N,\) bool")
 
 
-def test_a_well_formed_subclass_registers(monkeypatch):
+def test_a_well_formed_subclass_registers(own_task):
     @dataclass(frozen=True)
     class Longer(CartPole):
         episode_steps: int = 300
 
-    register(monkeypatch, Longer)
+    own_task("broken", Longer)
     assert registry.load("broken").episode_steps == 300
 
 
-def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(monkeypatch, tmp_path):
+def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(own_task, tmp_path):
     """Registration sees finite initial states; the first NaN in a rollout stops training at iteration 0,
     naming the term, the env and the step, before NaN actions can make the physics unstable."""
     from stages.sim.params import PhysicalParams
@@ -139,7 +134,7 @@ def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(mon
                 obs[:, 3] = np.log(0.15 - np.abs(qvel[:, 0]))  # finite at rest (|v| <= 0.1), NaN once the cart is fast
             return obs
 
-    register(monkeypatch, NanWhenFast)
+    own_task("broken", NanWhenFast)
     registry.load("broken")  # passes registration
     cfg = TrainConfig(task="broken", iterations=2, num_envs=8, steps_per_env=64, seed=0)
     with pytest.raises(NonFiniteTraining, match=r"iteration 0: .*task 'cartpole': observation term 'cart_vel' is nan "
@@ -151,7 +146,7 @@ def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(mon
         def reward(self, qpos, qvel, action):
             return np.where(np.abs(qvel[:, 0]) > 0.15, np.inf, super().reward(qpos, qvel, action))
 
-    register(monkeypatch, NanReward)
+    own_task("broken", NanReward)
     with pytest.raises(NonFiniteTraining, match=r"iteration 0: .*task 'cartpole': reward\(\) is inf in env \d+ at "
                                                 r"episode step [1-9]"):
         train(cfg, PhysicalParams(), tmp_path)

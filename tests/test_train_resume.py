@@ -93,12 +93,12 @@ def test_overlapped_collection_trains_with_one_policy_lag(tmp_path):
     assert all(torch.isfinite(t).all() for t in saved["actor_state_dict"].values() if t.is_floating_point())
 
 
-def test_a_diverging_overlapped_run_stops_with_a_finite_checkpoint(monkeypatch, tmp_path):
+def test_a_diverging_overlapped_run_stops_with_a_finite_checkpoint(own_task, monkeypatch, tmp_path):
     from stages.sim import registry
     from stages.train import NonFiniteTraining, load_actor
     from tests.test_resume import TINY, Diverging
 
-    monkeypatch.setitem(registry._FACTORIES, "diverging", Diverging)
+    own_task("diverging", Diverging)
     monkeypatch.delitem(registry._BUILT, "diverging", raising=False)
     # the third rollout (where the reward turns NaN) is collected during iteration 1's update, and refused there
     with pytest.raises(NonFiniteTraining, match=r"iteration 1: training diverged \(NaN/Inf in task 'cartpole': reward"):

@@ -30,6 +30,12 @@ def register(name: str, factory: str | Callable[[], Task]) -> None:
     _BUILT.pop(name, None)
 
 
+def unregister(name: str) -> None:
+    """Forget a task registered with :func:`register` (and the instance built from it)."""
+    _FACTORIES.pop(name, None)
+    _BUILT.pop(name, None)
+
+
 def _plugins() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group="sim2edge.tasks")}
 
