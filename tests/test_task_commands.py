@@ -42,9 +42,8 @@ class CartSetpoint(CartPole):
 
 
 @pytest.fixture()
-def task(own_task, monkeypatch):
+def task(own_task):
     own_task("cart_setpoint", CartSetpoint)
-    monkeypatch.delitem(registry._BUILT, "cart_setpoint", raising=False)
     return registry.load("cart_setpoint")  # validated like any task
 
 
@@ -129,9 +128,8 @@ class SlowSensors(CartPole):
                            Term("pole_angvel", "rad/s", noise=0.5))
 
 
-def test_a_sensor_delay_and_its_own_noise_act_on_that_term_only(own_task, monkeypatch):
+def test_a_sensor_delay_and_its_own_noise_act_on_that_term_only(own_task):
     own_task("slow_sensors", SlowSensors)
-    monkeypatch.delitem(registry._BUILT, "slow_sensors", raising=False)
     task = registry.load("slow_sensors")
     env = BatchedEnv(task, 64, seed=0, terminate=False)
     cart = [env.qpos[:, 0].copy()] * 3  # before the first step, the delayed value is the initial one
