@@ -19,6 +19,7 @@ for command in (cli_pipeline.run, cli_pipeline.collect, cli_pipeline.calibrate, 
     app.command()(command)
 app.add_typer(cli_catalog.gate_app, name="gate")
 app.add_typer(cli_artifacts.keys_app, name="keys")
+app.add_typer(cli_artifacts.dataset_app, name="dataset")
 app.command("package")(cli_artifacts.package_image)
 app.command("import")(cli_artifacts.import_policy)
 

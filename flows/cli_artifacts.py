@@ -1,4 +1,5 @@
-"""``sim2edge keys``, ``package`` and ``import``: signing keys, Jetson images and policies trained elsewhere."""
+"""``sim2edge keys``, ``package``, ``import`` and ``dataset``: signing keys, Jetson images, policies trained
+elsewhere and dataset versions in other formats."""
 
 from __future__ import annotations
 
@@ -13,6 +14,31 @@ from flows.workspace import Workspace
 
 
 keys_app = typer.Typer(no_args_is_help=True, help="Ed25519 signing keys: generate a pair, print the public key.")
+dataset_app = typer.Typer(no_args_is_help=True, help="Dataset versions in other formats (LeRobot v3).")
+
+
+@dataset_app.command("export")
+def dataset_export(
+    task: str = typer.Option("cartpole", help="Registered task or module:Class."),
+    version: Optional[str] = typer.Option(None, help="Dataset version (v0003; default: the latest)."),
+    out: Path = typer.Option(..., help="New folder for the LeRobot v3.0 dataset."),
+) -> None:
+    """Write a dataset version as a LeRobot v3.0 dataset (observation.state, action, observation.qpos/qvel)."""
+    from flows.cli_output import check_task
+    from flows.steps import dataset_store
+    from stages.collect.lerobot_logs import to_lerobot
+
+    check_task(task)
+    store = dataset_store(Workspace.from_env(), task)
+    try:
+        dataset = store.version(version) if version else store.latest()
+        if dataset is None:
+            raise KeyError(f"no dataset for task {task!r} yet: run `sim2edge collect --task {task}` first")
+        data = to_lerobot(dataset, store.task, out)
+    except (KeyError, ValueError, FileExistsError) as e:
+        fail(str(e.args[0]) if isinstance(e, KeyError) else str(e), 1)
+    console.print(f"{task} v{dataset.version:04d}: {len(set(data.episode_index.tolist()))} episodes, "
+                  f"{len(data.episode_index)} frames at {data.fps:g} fps -> {out}", soft_wrap=True)
 
 
 @keys_app.command("generate")

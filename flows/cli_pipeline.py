@@ -71,10 +71,14 @@ def standalone_run(ws: Workspace, task: str):
 
 def collect(
     task: str = typer.Option("cartpole", help="Registered task or module:Class."),
-    source: str = typer.Option("standin", help="standin (record the reference-robot stand-in), folder, registry or rosbag."),
+    source: str = typer.Option("standin", help="standin (record the reference-robot stand-in), folder, registry, rosbag "
+                                               "or lerobot."),
     folder: Optional[Path] = typer.Option(None, help="Log folder to ingest (with --source folder)."),
     bag: Optional[Path] = typer.Option(None, help="rosbag2 directory or .mcap/.db3 file (with --source rosbag)."),
-    mapping: Optional[Path] = typer.Option(None, help="Topic mapping YAML of the bag (with --source rosbag)."),
+    dataset: Optional[Path] = typer.Option(None, help="LeRobot v3 dataset folder (with --source lerobot)."),
+    mapping: Optional[Path] = typer.Option(None, help="Topic mapping YAML of the bag (with --source rosbag), or feature "
+                                                      "mapping YAML (with --source lerobot; default: what "
+                                                      "`sim2edge dataset export` writes)."),
     episodes: int = typer.Option(16, help="Stand-in episodes to record."),
     seed: int = typer.Option(0, help="Stand-in seed."),
 ) -> None:
@@ -82,11 +86,13 @@ def collect(
     from flows.steps import collect_step
     from stages.collect.ingest import StandinConfig
 
-    if source not in ("standin", "folder", "registry", "rosbag"):
-        console.print(f"[red]error[/red]: --source {source!r}: choose standin, folder, registry or rosbag")
+    if source not in ("standin", "folder", "registry", "rosbag", "lerobot"):
+        console.print(f"[red]error[/red]: --source {source!r}: choose standin, folder, registry, rosbag or lerobot")
         raise typer.Exit(2)
     if source == "rosbag" and (bag is None or mapping is None):
         fail("--source rosbag needs --bag DIR|FILE and --mapping robot.yaml")
+    if source == "lerobot" and dataset is None:
+        fail("--source lerobot needs --dataset DIR (a LeRobot v3 dataset folder)")
     check_task(task)
     ws = Workspace.from_env()
     try:
@@ -99,6 +105,15 @@ def collect(
             if report.dataset is None:
                 raise ValueError(f"no dataset for task {task!r}: "
                                  f"{'; '.join(q.reason for q in report.quarantined) or 'no episodes in the bag'}")
+        elif source == "lerobot":
+            from flows.steps import dataset_store
+            from stages.collect import lerobot_logs
+            from stages.collect.ingest import ingest_lerobot
+
+            report = ingest_lerobot(dataset_store(ws, task), dataset, lerobot_logs.load_mapping(mapping))
+            if report.dataset is None:
+                raise ValueError(f"no dataset for task {task!r}: "
+                                 f"{'; '.join(q.reason for q in report.quarantined) or 'no episodes in the dataset'}")
         else:
             report = collect_step(standalone_run(ws, task), ws, task, source, StandinConfig(episodes=episodes, seed=seed), folder)
     except (ValueError, FileNotFoundError) as e:

@@ -37,7 +37,7 @@ def observations(task: Task, qpos: np.ndarray, qvel: np.ndarray, act: np.ndarray
     """(T, obs_dim) the task's observation terms of the measured state (no noise or delay added)."""
     if task.commands:
         raise ValueError(f"task {task.name!r} observes commands ({', '.join(c.name for c in task.commands)}) "
-                         f"that a bag mapping cannot supply yet")
+                         f"that an imported log cannot supply yet")
     inputs = {"last_action": np.r_[np.zeros((1, task.act_dim)), act[:-1]].astype(np.float32)} if task.action_history else {}
     if task.sensors:
         inputs.update(task.sensor_args(task.sensordata_at(qpos, qvel)))

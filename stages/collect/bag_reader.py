@@ -98,7 +98,7 @@ def deserialize(raw: bytes | memoryview, msgtype: str) -> object:
     return message
 
 
-class _Columns:
+class NameMap:
     """Maps a message's name list onto task indices, once per distinct name list."""
 
     def __init__(self, known: dict[str, int], rename: dict[str, str], what: str) -> None:
@@ -129,8 +129,8 @@ def read(bag: Path, mapping: BagMapping, task: Task, since_ns: int = 0) -> BagSt
                 len(cmd.names) != task.model.nu:
             raise ValueError(f"mapping commands.names {list(cmd.names)}: name each of the task's {task.model.nu} "
                              f"actuators once (by actuator or joint: {', '.join(sorted(actuators))})")
-    state_cols = _Columns(joints, js.rename, "joint")
-    cmd_cols = _Columns(actuators, {}, "actuator")
+    state_cols = NameMap(joints, js.rename, "joint")
+    cmd_cols = NameMap(actuators, {}, "actuator")
     try:
         reader = Reader(bag)
         reader.open()
@@ -187,7 +187,7 @@ def read(bag: Path, mapping: BagMapping, task: Task, since_ns: int = 0) -> BagSt
         start_ns=start_ns, end_ns=end_ns)
 
 
-def _command(bag: Path, msg: object, mapping: BagMapping, columns: _Columns, actuators: dict[str, int],
+def _command(bag: Path, msg: object, mapping: BagMapping, columns: NameMap, actuators: dict[str, int],
              received: int, start_ns: int) -> np.ndarray:
     """One command message as (nu,) controls in the task's actuator order."""
     cmd = mapping.commands

@@ -8,8 +8,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from stages import standin
-from stages.collect import bag_logs
+from stages.collect import bag_logs, lerobot_logs
 from stages.collect.bag_mapping import BagMapping
+from stages.collect.lerobot_logs import LeRobotMapping
 from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore, IngestReport
 
@@ -53,6 +54,22 @@ def ingest_bag(store: DatasetStore, bag: Path, mapping: BagMapping) -> IngestRep
     return report.model_copy(update={  # name the bag, not the converted files (gone with the work folder)
         "added": (str(bag),) if report.added else (), "duplicates": (str(bag),) if report.duplicates else (),
         "quarantined": tuple(q.model_copy(update={"file": str(bag)}) for q in report.quarantined)})
+
+
+def ingest_lerobot(store: DatasetStore, root: Path, mapping: LeRobotMapping) -> IngestReport:
+    """Ingest a LeRobot v3 dataset folder, one log file per episode (a bad episode is quarantined alone); episodes
+    ingested before (same content) are skipped. The report names ``<root>/<episode file>``."""
+    store.root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=store.root) as work:
+        report = store.ingest(lerobot_logs.to_logs(root, mapping, store.task, Path(work)), f"lerobot:{root.resolve()}")
+
+    def named(text: str) -> str:  # the converted files are gone with ``work``
+        return text.replace(work, str(root))
+
+    return report.model_copy(update={
+        "added": tuple(map(named, report.added)), "duplicates": tuple(map(named, report.duplicates)),
+        "quarantined": tuple(q.model_copy(update={"file": named(q.file), "reason": named(q.reason)})
+                             for q in report.quarantined)})
 
 
 def record_standin(store: DatasetStore, cfg: StandinConfig, incoming: Path) -> IngestReport:
