@@ -39,11 +39,22 @@ def transfer_options(args: argparse.Namespace):
                            backoff_base_s=args.retry_base, deadline_s=args.deadline, min_rate_bps=args.min_rate)
 
 
+def tuf_source(args: argparse.Namespace):
+    """``--tuf URL --tuf-root ROOT.json``: the TUF client (edge/tuf_client.py) that pull uses instead of MLflow."""
+    if not args.tuf:
+        return None
+    if not args.tuf_root:
+        raise ValueError("--tuf needs --tuf-root ROOT.json (the repository's trusted root metadata)")
+    from edge.tuf_client import TufClient
+
+    return lambda store: TufClient(args.tuf, args.tuf_root, store, transfer_options(args))
+
+
 def _pull(args: argparse.Namespace) -> int:
     from edge.pull import pull
 
-    result = pull(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.skip_target_check,
-                  pull_options(args))
+    result = pull(args.ref, args.registry or args.tuf, Path(args.root), load_trusted(args.trust),
+                  args.skip_target_check, pull_options(args), tuf_source(args))
     if not result.changed:
         print(f"{result.policy} v{result.version} is already active at {result.path}")
         return 0
@@ -226,8 +237,14 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sim2edge-agent", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("pull", help="download, verify, smoke-test and activate a policy")
-    pl.add_argument("ref", help="<policy>@<alias> or <policy>@<version>")
-    pl.add_argument("--registry", required=True, help="MLflow tracking server URL, e.g. http://127.0.0.1:5000")
+    pl.add_argument("ref", help="<policy>@<alias> or <policy>@<version>; with --tuf: <policy> (latest) or "
+                                "<policy>@<version>")
+    where = pl.add_mutually_exclusive_group(required=True)
+    where.add_argument("--registry", help="MLflow tracking server URL, e.g. http://127.0.0.1:5000")
+    where.add_argument("--tuf", metavar="URL", help="TUF repository written by `sim2edge publish`, e.g. "
+                                                    "http://127.0.0.1:8080 (see edge/tuf_client.py)")
+    pl.add_argument("--tuf-root", type=Path, metavar="ROOT.json",
+                    help="the TUF repository's trusted root metadata (with --tuf; used on first contact only)")
     pl.add_argument("--root", default=DEFAULT_ROOT, help="device store (default: %(default)s)")
     pl.add_argument("--trust", action="append", required=True, type=Path,
                     help="trusted Ed25519 public key (PEM); repeat for key rotation")

@@ -31,7 +31,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Protocol
 
 from edge import bundle, crash
 from edge.errors import CheckFailed, is_disk_full
@@ -157,15 +157,25 @@ def _check_backoff(store: DeviceStore, registry_url: str, cap_s: float) -> None:
                                      f"(current policy unchanged; --ignore-backoff to try now)")
 
 
+class BundleSource(Protocol):
+    """Where bundles come from: the MLflow registry (edge/registry_client.py) or a TUF repository (edge/tuf_client.py)."""
+
+    def resolve(self, ref: str) -> BundleRef: ...
+
+    def download(self, ref: BundleRef, part: Path, on_chunk: Optional[Callable[[int], None]] = None) -> DownloadStats: ...
+
+
 def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target_check: bool = False,
-         options: Optional[PullOptions] = None) -> PullResult:
-    """Pull ``policy@alias|version`` into the store at ``root`` and activate it."""
+         options: Optional[PullOptions] = None,
+         source: Optional[Callable[[DeviceStore], BundleSource]] = None) -> PullResult:
+    """Pull ``policy@alias|version`` into the store at ``root`` and activate it. ``source(store)`` makes the client
+    that resolves and downloads (default: the MLflow registry at ``registry_url``; a TUF client names its URL there)."""
     options = options or PullOptions()
     store = DeviceStore(root)
     with store.locked():
         if not options.ignore_backoff:
             _check_backoff(store, registry_url, options.backoff_cap_s)
-        client = RegistryClient(registry_url, options.transfer)
+        client = source(store) if source else RegistryClient(registry_url, options.transfer)
         try:
             try:
                 target_ref = client.resolve(ref)
@@ -238,7 +248,7 @@ def _stored_copy(store: DeviceStore, installed: Path, trusted: Iterable) -> Opti
         return None
 
 
-def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleRef, registry_url: str,
+def _pull_locked(store: DeviceStore, client: BundleSource, target_ref: BundleRef, registry_url: str,
                  trusted: list, skip_target_check: bool, options: PullOptions) -> PullResult:
     installed = store.bundle_dir(target_ref.policy, target_ref.version)
     part = store.download_part(target_ref.sha256)

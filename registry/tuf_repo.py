@@ -6,7 +6,7 @@ Layout of ``repo`` (served as is; ``consistent_snapshot`` is off, so file names 
     metadata/targets.json                every published bundle, with the custom fields below
     metadata/snapshot.json               the version of targets.json
     metadata/timestamp.json              the version of snapshot.json; short-lived, re-signed on every publish
-    targets/<policy>/<version>/<file>    the bundle, byte for byte as registered
+    targets/<policy>/<version>.tar       the bundle, byte for byte as registered
     targets/<policy>/latest.tar          a copy of the highest version published (``pull --tuf URL <policy>``)
 
 Keys (``keys``, never served): ``root.key``, ``targets.key``, ``snapshot.key``, ``timestamp.key``, each an
@@ -140,7 +140,7 @@ def _target(repo: Path, path: str, local: Path, custom: dict):
 
 
 def publish(cfg: PublishConfig) -> Published:
-    """Add ``cfg.bundle`` as target ``<policy>/<version>/<file>`` (and ``latest.tar`` if it is the newest), then
+    """Add ``cfg.bundle`` as target ``<policy>/<version>.tar`` (and ``latest.tar`` if it is the newest), then
     re-sign targets, snapshot and timestamp with bumped versions."""
     from tuf.api.metadata import MetaFile
 
@@ -154,7 +154,7 @@ def publish(cfg: PublishConfig) -> Published:
     custom = {"policy": cfg.policy, "version": str(cfg.version), "target": m["target"]["name"],
               "bundle_sha256": bundle.sha256_path(cfg.bundle)}
     targets = md["targets"].signed
-    path = f"{cfg.policy}/{cfg.version}/{cfg.bundle.name}"
+    path = f"{cfg.policy}/{cfg.version}.tar"
     targets.targets[path] = _target(cfg.repo, path, cfg.bundle, custom)
     latest_path = f"{cfg.policy}/latest.tar"
     latest = targets.targets.get(latest_path)
