@@ -55,7 +55,7 @@ http {{
             assert proc.poll() is None and time.monotonic() < deadline, (d / "error.log").read_text()
             time.sleep(0.05)
     yield d / "www", f"http://127.0.0.1:{port}"
-    os.kill(int((d / "nginx.pid").read_text()), signal.SIGQUIT)
+    os.kill(int((d / "nginx.pid").read_text()), signal.SIGTERM)  # fast shutdown
     proc.wait(timeout=10)
 
 
@@ -110,24 +110,35 @@ def test_publish_from_the_registry_then_pull_installs_and_runs(repo, tmp_path, m
         tar = tmp_path / f"tuftiny-{v}.tar"
         make_bundle(tar, priv, version=v, name="tuftiny")
         assert register(mlflow_server, tar, "tuftiny", "champion") == v
-        done = run_cli("sim2edge", "publish", "tuftiny@champion", "--repo", str(repo[0]), "--keys", str(repo[2]))
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert f"published tuftiny v{v}" in done.stdout and f"timestamp v{v}" in done.stdout
-        root = tmp_path / "store"
-        r = pull(repo, "tuftiny", root, pub)
-        assert r.returncode == 0 and f"activated tuftiny v{v}" in r.stdout, r.stderr
+    done = run_cli("sim2edge", "publish", "tuftiny@champion", "--repo", str(repo[0]), "--keys", str(repo[2]))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "published tuftiny v2" in done.stdout and "timestamp v1" in done.stdout
+    root = tmp_path / "store"
+    r = pull(repo, "tuftiny", root, pub)
+    assert r.returncode == 0 and "activated tuftiny v2" in r.stdout, r.stderr
     tag = json.loads(MlflowClient(mlflow_server).get_model_version("tuftiny", "2").tags["sim2edge.tuf"])
     assert tag["target_path"] == "tuftiny/2.tar" and tag["repo"] == str(repo[0].resolve())
     assert oct((repo[2] / "root.key").stat().st_mode & 0o777) == "0o600" and not list(repo[0].rglob("*.key"))
     again = pull(repo, "tuftiny@2", root, pub)
     assert again.returncode == 0 and "already active" in again.stdout, again.stderr
-    history = [json.loads(line) for line in (root / "journal.jsonl").read_text().splitlines()]
-    assert [e["version"] for e in history if e["event"] == "activate"] == ["1", "2"]
-    assert history[-1]["source"] == repo[1]
+    assert [json.loads(line) for line in (root / "journal.jsonl").read_text().splitlines()][-1]["source"] == repo[1]
     bench = run_cli("sim2edge-agent", "bench", "--root", str(root), "--iterations", "200", "--json")
     assert bench.returncode == 0 and json.loads(bench.stdout)["policy"] == "tuftiny", bench.stderr
-    wrong = run_cli("sim2edge", "publish", "tuftiny@7", "--repo", str(repo[0]), "--keys", str(repo[2]))
-    assert wrong.returncode == 2 and "Traceback" not in wrong.stdout + wrong.stderr
+
+
+def test_publish_bumps_versions_keeps_latest_newest_and_refuses_a_mislabelled_bundle(repo, tmp_path):
+    from tuf.api.metadata import Metadata
+
+    priv, _ = make_keys(tmp_path)
+    put(repo, priv, tmp_path, "2")
+    put(repo, priv, tmp_path, "1")  # an older version published later: latest.tar stays v2
+    meta = repo[0] / "metadata"
+    targets = Metadata.from_file(str(meta / "targets.json")).signed
+    assert targets.version == 2 and Metadata.from_file(str(meta / "timestamp.json")).signed.version == 2
+    assert targets.targets["tiny/latest.tar"].unrecognized_fields["custom"]["sim2edge"]["version"] == "2"
+    assert sorted(targets.targets) == ["tiny/1.tar", "tiny/2.tar", "tiny/latest.tar"]
+    with pytest.raises(ValueError, match="is tiny v1, not tiny v3"):
+        publish(PublishConfig(repo=repo[0], keys=repo[2], bundle=tmp_path / "tiny-1.tar", policy="tiny", version="3"))
 
 
 def test_tampered_target_bytes_are_refused(repo, device, tmp_path, sibling):
