@@ -75,10 +75,13 @@ def put(repo, bundle_key: Path, tmp: Path, version: str, **cfg) -> Path:
     return tar
 
 
+def pull_args(repo, ref: str, root: Path, pub: Path) -> list[str]:
+    return ["pull", ref, "--tuf", repo[1], "--tuf-root", str(repo[0] / "metadata/root.json"), "--root", str(root),
+            "--trust", str(pub), "--skip-target-check", "--attempts", "1", "--backoff", "0", "--ignore-backoff"]
+
+
 def pull(repo, ref: str, root: Path, pub: Path) -> subprocess.CompletedProcess:
-    return run_cli("sim2edge-agent", "pull", ref, "--tuf", repo[1], "--tuf-root", str(repo[0] / "metadata/root.json"),
-                   "--root", str(root), "--trust", str(pub), "--skip-target-check", "--attempts", "1",
-                   "--backoff", "0", "--ignore-backoff")
+    return run_cli("sim2edge-agent", *pull_args(repo, ref, root, pub))
 
 
 @pytest.fixture()
@@ -221,3 +224,24 @@ def test_unknown_policy_and_unreachable_repository_are_refused(repo, device, sib
     refused(pull(repo, "nosuch", device[2], device[1]), device, sibling, before, error="no target nosuch/latest.tar")
     gone = (repo[0], f"http://127.0.0.1:{free_port()}", repo[2])
     refused(pull(gone, "tiny", device[2], device[1]), device, sibling, before, code=3, error="unavailable")
+
+
+@pytest.mark.device
+def test_pull_through_tuf_on_python38(repo, tmp_path):
+    """The agent installed alone on JetPack 5's CPython 3.8 (tuf 5.1) reads the repository tuf 7 wrote."""
+    from tests.test_edge_pythons import edge_venv
+
+    agent = str(edge_venv("3.8") / "bin" / "sim2edge-agent")
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONWARNINGS": "ignore"}  # cryptography on 3.8
+    priv, pub = make_keys(tmp_path)
+    put(repo, priv, tmp_path, "1")
+    root = tmp_path / "store"
+    r = subprocess.run([agent, *pull_args(repo, "tiny", root, pub)], capture_output=True, text=True, env=env,
+                       cwd=tmp_path)
+    assert r.returncode == 0 and "activated tiny v1" in r.stdout, r.stderr
+    put(repo, priv, tmp_path, "2")
+    (repo[0] / "targets/tiny/latest.tar").write_bytes(b"x" * (repo[0] / "targets/tiny/2.tar").stat().st_size)
+    r = subprocess.run([agent, *pull_args(repo, "tiny", root, pub)], capture_output=True, text=True, env=env,
+                       cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.startswith("sim2edge-agent: tuf: LengthOrHashMismatchError"), r.stderr
+    assert current(root).endswith("tiny/1")
