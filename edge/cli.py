@@ -175,9 +175,9 @@ def _upload(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     from edge.pull import watch
 
-    watch(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.interval, args.jitter,
+    watch(args.ref, args.registry or args.tuf, Path(args.root), load_trusted(args.trust), args.interval, args.jitter,
           args.skip_target_check, pull_options(args), args.iterations,
-          device_id=None if args.no_report else args.device_id)
+          device_id=None if args.no_report else args.device_id, source=tuf_source(args))
     return 0
 
 
@@ -233,18 +233,22 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
                         "free on the store's filesystem")
 
 
+def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--registry", help="MLflow tracking server URL, e.g. http://127.0.0.1:5000")
+    where.add_argument("--tuf", metavar="URL", help="TUF repository written by `sim2edge publish`, e.g. "
+                                                    "http://127.0.0.1:8080 (see edge/tuf_client.py)")
+    p.add_argument("--tuf-root", type=Path, metavar="ROOT.json",
+                   help="the TUF repository's trusted root metadata (with --tuf; used on first contact only)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sim2edge-agent", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("pull", help="download, verify, smoke-test and activate a policy")
     pl.add_argument("ref", help="<policy>@<alias> or <policy>@<version>; with --tuf: <policy> (latest) or "
                                 "<policy>@<version>")
-    where = pl.add_mutually_exclusive_group(required=True)
-    where.add_argument("--registry", help="MLflow tracking server URL, e.g. http://127.0.0.1:5000")
-    where.add_argument("--tuf", metavar="URL", help="TUF repository written by `sim2edge publish`, e.g. "
-                                                    "http://127.0.0.1:8080 (see edge/tuf_client.py)")
-    pl.add_argument("--tuf-root", type=Path, metavar="ROOT.json",
-                    help="the TUF repository's trusted root metadata (with --tuf; used on first contact only)")
+    add_source_arguments(pl)
     pl.add_argument("--root", default=DEFAULT_ROOT, help="device store (default: %(default)s)")
     pl.add_argument("--trust", action="append", required=True, type=Path,
                     help="trusted Ed25519 public key (PEM); repeat for key rotation")
@@ -322,8 +326,8 @@ def parser() -> argparse.ArgumentParser:
                     help="overall bound on each registry request with its retries (default: %(default)s)")
     up.set_defaults(func=_upload)
     wa = sub.add_parser("watch", help="poll an alias and pull+activate new versions with the same checks")
-    wa.add_argument("ref", help="<policy>@<alias>")
-    wa.add_argument("--registry", required=True)
+    wa.add_argument("ref", help="<policy>@<alias>; with --tuf: <policy> (latest)")
+    add_source_arguments(wa)
     wa.add_argument("--root", default=DEFAULT_ROOT)
     wa.add_argument("--trust", action="append", required=True, type=Path)
     wa.add_argument("--interval", type=float, default=60.0, help="seconds between polls (default %(default)s)")
@@ -332,7 +336,7 @@ def parser() -> argparse.ArgumentParser:
     add_install_arguments(wa)
     wa.add_argument("--device-id", default=socket.gethostname(),
                     help="report this device's state to the registry under this id (default: the host name)")
-    wa.add_argument("--no-report", action="store_true", help="do not report the device's state")
+    wa.add_argument("--no-report", action="store_true", help="do not report the device's state (with --tuf: never)")
     add_transfer_arguments(wa)
     wa.set_defaults(func=_watch)
     rp = sub.add_parser("repair", help="download installed copies that no longer verify again (never current)")

@@ -361,28 +361,31 @@ def _repair(root: Path, registry_url: str, trusted: list, options: PullOptions) 
 
 def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s: float = 60.0, jitter: float = 0.2,
           skip_target_check: bool = False, options: Optional[PullOptions] = None, iterations: Optional[int] = None,
-          rng: Optional[random.Random] = None, device_id: Optional[str] = None) -> None:
+          rng: Optional[random.Random] = None, device_id: Optional[str] = None,
+          source: Optional[Callable[[DeviceStore], BundleSource]] = None) -> None:
     """Poll ``ref`` every ``interval_s`` (× uniform(1-jitter, 1+jitter), so a fleet spreads out) and pull new
     versions with all of pull's checks. Refusals and outages are reported on stderr (the same one on
     consecutive polls once) and the loop goes on; a known-bad version is not downloaded again;
     the persisted backoff keeps an unavailable registry from being hammered. Each poll first downloads
     damaged non-active copies again (``previous`` included; edge/repair.py). With ``device_id``, each poll
-    ends with a state report to the registry (edge/report.py), which never stops the loop."""
+    ends with a state report to the registry (edge/report.py), which never stops the loop. With ``source`` (a TUF
+    repository, named by ``registry_url``) each poll pulls through it; repair and reports need MLflow and are off."""
     from edge.report import device_reporter
 
     rng = rng or random.Random()
     trusted = list(trusted)
     options = options or PullOptions()
     reporter = None
-    if device_id:
+    if device_id and source is None:
         reporter = device_reporter(root, registry_url, parse_ref(ref)[0], device_id, trusted,
                                    timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s)
     later = dataclasses.replace(options, retry_failed=False)  # --retry-failed: the first poll only
     polls, last_error = 0, ""
     while True:
         try:
-            _repair(root, registry_url, trusted, options)
-            result = pull(ref, registry_url, root, trusted, skip_target_check, later if polls else options)
+            if source is None:
+                _repair(root, registry_url, trusted, options)
+            result = pull(ref, registry_url, root, trusted, skip_target_check, later if polls else options, source)
             last_error = ""
             if result.changed:
                 print(f"watch: activated {result.policy} v{result.version} at {result.path}", flush=True)

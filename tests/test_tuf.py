@@ -226,6 +226,22 @@ def test_unknown_policy_and_unreachable_repository_are_refused(repo, device, sib
     refused(pull(gone, "tiny", device[2], device[1]), device, sibling, before, code=3, error="unavailable")
 
 
+def test_watch_through_tuf_activates_new_versions_and_says_a_refusal_once(repo, device, tmp_path):
+    def watch() -> subprocess.CompletedProcess:
+        args = pull_args(repo, "tiny", device[2], device[1])
+        return run_cli("sim2edge-agent", "watch", *args[1:], "--iterations", "2", "--interval", "0.1")
+
+    put(repo, device[0], tmp_path, "2")
+    r = watch()
+    assert r.returncode == 0 and r.stdout.count("watch: activated tiny v2") == 1 and not r.stderr, r.stdout + r.stderr
+    put(repo, device[0], tmp_path, "3")
+    latest = repo[0] / "targets/tiny/latest.tar"
+    latest.write_bytes(b"x" * latest.stat().st_size)
+    r = watch()
+    assert r.returncode == 0 and r.stderr.count("watch: tuf: LengthOrHashMismatchError") == 1, r.stderr
+    assert current(device[2]).endswith("tiny/2")
+
+
 @pytest.mark.device
 def test_pull_through_tuf_on_python38(repo, tmp_path):
     """The agent installed alone on JetPack 5's CPython 3.8 (tuf 5.1) reads the repository tuf 7 wrote."""
