@@ -110,7 +110,12 @@ def _load_or_init(meta: Path, signers: dict, cfg: PublishConfig) -> dict:
     from tuf.api.metadata import Metadata, Root, Snapshot, Targets, Timestamp
 
     if (meta / "root.json").exists():
-        return {role: Metadata.from_file(str(meta / f"{role}.json")) for role in ROLES}
+        md = {role: Metadata.from_file(str(meta / f"{role}.json")) for role in ROLES}
+        for role in ROLES:
+            if signers[role].public_key.keyid not in md["root"].signed.roles[role].keyids:
+                raise ValueError(f"{cfg.keys / (role + '.key')} is not a {role} key of {meta / 'root.json'}: "
+                                 f"publish with the key directory that made this repository")
+        return md
     for role in ROLES:
         if (meta / f"{role}.json").exists():
             raise ValueError(f"{meta} has {role}.json but no root.json: not a repository this command made")
