@@ -234,6 +234,7 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """Where bundles come from: ``--registry`` (MLflow) or ``--tuf`` with ``--tuf-root``."""
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--registry", help="MLflow tracking server URL, e.g. http://127.0.0.1:5000")
     where.add_argument("--tuf", metavar="URL", help="TUF repository written by `sim2edge publish`, e.g. "

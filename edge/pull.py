@@ -1,5 +1,8 @@
 """Pull: resolve → download → unpack → verify → target check → smoke test → install → activate → health.
 
+Resolve and download go through a :class:`BundleSource`: the MLflow registry (edge/registry_client.py) or a TUF
+repository (edge/tuf_client.py); both yield the same parsed :class:`BundleRef`, and everything after is shared.
+
 Every step before the switch works in a staging directory of the store; any failure
 removes it and leaves ``current`` as it was. A failed health check after the switch
 switches back. The store's lock is held throughout, so two agents never interleave.
