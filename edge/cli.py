@@ -39,11 +39,22 @@ def transfer_options(args: argparse.Namespace):
                            backoff_base_s=args.retry_base, deadline_s=args.deadline, min_rate_bps=args.min_rate)
 
 
+def tuf_source(args: argparse.Namespace):
+    """``--tuf URL --tuf-root ROOT.json``: the TUF client (edge/tuf_client.py) that pull uses instead of MLflow."""
+    if not args.tuf:
+        return None
+    if not args.tuf_root:
+        raise ValueError("--tuf needs --tuf-root ROOT.json (the repository's trusted root metadata)")
+    from edge.tuf_client import TufClient
+
+    return lambda store: TufClient(args.tuf, args.tuf_root, store, transfer_options(args))
+
+
 def _pull(args: argparse.Namespace) -> int:
     from edge.pull import pull
 
-    result = pull(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.skip_target_check,
-                  pull_options(args))
+    result = pull(args.ref, args.registry or args.tuf, Path(args.root), load_trusted(args.trust),
+                  args.skip_target_check, pull_options(args), tuf_source(args))
     if not result.changed:
         print(f"{result.policy} v{result.version} is already active at {result.path}")
         return 0
@@ -164,9 +175,9 @@ def _upload(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace) -> int:
     from edge.pull import watch
 
-    watch(args.ref, args.registry, Path(args.root), load_trusted(args.trust), args.interval, args.jitter,
+    watch(args.ref, args.registry or args.tuf, Path(args.root), load_trusted(args.trust), args.interval, args.jitter,
           args.skip_target_check, pull_options(args), args.iterations,
-          device_id=None if args.no_report else args.device_id)
+          device_id=None if args.no_report else args.device_id, source=tuf_source(args))
     return 0
 
 
@@ -222,12 +233,23 @@ def add_install_arguments(p: argparse.ArgumentParser) -> None:
                         "free on the store's filesystem")
 
 
+def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """Where bundles come from: ``--registry`` (MLflow) or ``--tuf`` with ``--tuf-root``."""
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--registry", help="MLflow tracking server URL, e.g. http://127.0.0.1:5000")
+    where.add_argument("--tuf", metavar="URL", help="TUF repository written by `sim2edge publish`, e.g. "
+                                                    "http://127.0.0.1:8080 (see edge/tuf_client.py)")
+    p.add_argument("--tuf-root", type=Path, metavar="ROOT.json",
+                   help="the TUF repository's trusted root metadata (with --tuf; used on first contact only)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sim2edge-agent", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     pl = sub.add_parser("pull", help="download, verify, smoke-test and activate a policy")
-    pl.add_argument("ref", help="<policy>@<alias> or <policy>@<version>")
-    pl.add_argument("--registry", required=True, help="MLflow tracking server URL, e.g. http://127.0.0.1:5000")
+    pl.add_argument("ref", help="<policy>@<alias> or <policy>@<version>; with --tuf: <policy> (latest) or "
+                                "<policy>@<version>")
+    add_source_arguments(pl)
     pl.add_argument("--root", default=DEFAULT_ROOT, help="device store (default: %(default)s)")
     pl.add_argument("--trust", action="append", required=True, type=Path,
                     help="trusted Ed25519 public key (PEM); repeat for key rotation")
@@ -305,8 +327,8 @@ def parser() -> argparse.ArgumentParser:
                     help="overall bound on each registry request with its retries (default: %(default)s)")
     up.set_defaults(func=_upload)
     wa = sub.add_parser("watch", help="poll an alias and pull+activate new versions with the same checks")
-    wa.add_argument("ref", help="<policy>@<alias>")
-    wa.add_argument("--registry", required=True)
+    wa.add_argument("ref", help="<policy>@<alias>; with --tuf: <policy> (latest)")
+    add_source_arguments(wa)
     wa.add_argument("--root", default=DEFAULT_ROOT)
     wa.add_argument("--trust", action="append", required=True, type=Path)
     wa.add_argument("--interval", type=float, default=60.0, help="seconds between polls (default %(default)s)")
@@ -315,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
     add_install_arguments(wa)
     wa.add_argument("--device-id", default=socket.gethostname(),
                     help="report this device's state to the registry under this id (default: the host name)")
-    wa.add_argument("--no-report", action="store_true", help="do not report the device's state")
+    wa.add_argument("--no-report", action="store_true", help="do not report the device's state (with --tuf: never)")
     add_transfer_arguments(wa)
     wa.set_defaults(func=_watch)
     rp = sub.add_parser("repair", help="download installed copies that no longer verify again (never current)")

@@ -1,5 +1,8 @@
 """Pull: resolve → download → unpack → verify → target check → smoke test → install → activate → health.
 
+Resolve and download go through a :class:`BundleSource`: the MLflow registry (edge/registry_client.py) or a TUF
+repository (edge/tuf_client.py); both yield the same parsed :class:`BundleRef`, and everything after is shared.
+
 Every step before the switch works in a staging directory of the store; any failure
 removes it and leaves ``current`` as it was. A failed health check after the switch
 switches back. The store's lock is held throughout, so two agents never interleave.
@@ -31,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional, Protocol
 
 from edge import bundle, crash
 from edge.errors import CheckFailed, is_disk_full
@@ -157,15 +160,25 @@ def _check_backoff(store: DeviceStore, registry_url: str, cap_s: float) -> None:
                                      f"(current policy unchanged; --ignore-backoff to try now)")
 
 
+class BundleSource(Protocol):
+    """Where bundles come from: the MLflow registry (edge/registry_client.py) or a TUF repository (edge/tuf_client.py)."""
+
+    def resolve(self, ref: str) -> BundleRef: ...
+
+    def download(self, ref: BundleRef, part: Path, on_chunk: Optional[Callable[[int], None]] = None) -> DownloadStats: ...
+
+
 def pull(ref: str, registry_url: str, root: Path, trusted: Iterable, skip_target_check: bool = False,
-         options: Optional[PullOptions] = None) -> PullResult:
-    """Pull ``policy@alias|version`` into the store at ``root`` and activate it."""
+         options: Optional[PullOptions] = None,
+         source: Optional[Callable[[DeviceStore], BundleSource]] = None) -> PullResult:
+    """Pull ``policy@alias|version`` into the store at ``root`` and activate it. ``source(store)`` makes the client
+    that resolves and downloads (default: the MLflow registry at ``registry_url``; a TUF client names its URL there)."""
     options = options or PullOptions()
     store = DeviceStore(root)
     with store.locked():
         if not options.ignore_backoff:
             _check_backoff(store, registry_url, options.backoff_cap_s)
-        client = RegistryClient(registry_url, options.transfer)
+        client = source(store) if source else RegistryClient(registry_url, options.transfer)
         try:
             try:
                 target_ref = client.resolve(ref)
@@ -238,7 +251,7 @@ def _stored_copy(store: DeviceStore, installed: Path, trusted: Iterable) -> Opti
         return None
 
 
-def _pull_locked(store: DeviceStore, client: RegistryClient, target_ref: BundleRef, registry_url: str,
+def _pull_locked(store: DeviceStore, client: BundleSource, target_ref: BundleRef, registry_url: str,
                  trusted: list, skip_target_check: bool, options: PullOptions) -> PullResult:
     installed = store.bundle_dir(target_ref.policy, target_ref.version)
     part = store.download_part(target_ref.sha256)
@@ -351,28 +364,31 @@ def _repair(root: Path, registry_url: str, trusted: list, options: PullOptions) 
 
 def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s: float = 60.0, jitter: float = 0.2,
           skip_target_check: bool = False, options: Optional[PullOptions] = None, iterations: Optional[int] = None,
-          rng: Optional[random.Random] = None, device_id: Optional[str] = None) -> None:
+          rng: Optional[random.Random] = None, device_id: Optional[str] = None,
+          source: Optional[Callable[[DeviceStore], BundleSource]] = None) -> None:
     """Poll ``ref`` every ``interval_s`` (× uniform(1-jitter, 1+jitter), so a fleet spreads out) and pull new
     versions with all of pull's checks. Refusals and outages are reported on stderr (the same one on
     consecutive polls once) and the loop goes on; a known-bad version is not downloaded again;
     the persisted backoff keeps an unavailable registry from being hammered. Each poll first downloads
     damaged non-active copies again (``previous`` included; edge/repair.py). With ``device_id``, each poll
-    ends with a state report to the registry (edge/report.py), which never stops the loop."""
+    ends with a state report to the registry (edge/report.py), which never stops the loop. With ``source`` (a TUF
+    repository, named by ``registry_url``) each poll pulls through it; repair and reports need MLflow and are off."""
     from edge.report import device_reporter
 
     rng = rng or random.Random()
     trusted = list(trusted)
     options = options or PullOptions()
     reporter = None
-    if device_id:
+    if device_id and source is None:
         reporter = device_reporter(root, registry_url, parse_ref(ref)[0], device_id, trusted,
                                    timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s)
     later = dataclasses.replace(options, retry_failed=False)  # --retry-failed: the first poll only
     polls, last_error = 0, ""
     while True:
         try:
-            _repair(root, registry_url, trusted, options)
-            result = pull(ref, registry_url, root, trusted, skip_target_check, later if polls else options)
+            if source is None:
+                _repair(root, registry_url, trusted, options)
+            result = pull(ref, registry_url, root, trusted, skip_target_check, later if polls else options, source)
             last_error = ""
             if result.changed:
                 print(f"watch: activated {result.policy} v{result.version} at {result.path}", flush=True)

@@ -14,8 +14,8 @@ from flows import cli_artifacts, cli_catalog, cli_fleet, cli_pipeline
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="sim2edge: run the pipeline, start the servers, list tasks and targets.")
-for command in (cli_pipeline.run, cli_pipeline.collect, cli_pipeline.calibrate, cli_pipeline.evaluate, cli_fleet.devices,
-                cli_fleet.up, cli_fleet.serve, cli_fleet.deploy, cli_catalog.tasks, cli_catalog.targets):
+for command in (cli_pipeline.run, cli_pipeline.collect, cli_pipeline.calibrate, cli_pipeline.evaluate, cli_fleet.publish,
+                cli_fleet.devices, cli_fleet.up, cli_fleet.serve, cli_fleet.deploy, cli_catalog.tasks, cli_catalog.targets):
     app.command()(command)
 app.add_typer(cli_catalog.gate_app, name="gate")
 app.add_typer(cli_artifacts.keys_app, name="keys")

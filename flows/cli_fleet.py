@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
 import time
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -82,6 +85,39 @@ def deploy(
         raise typer.Exit(done.returncode)
     console.print(f"Start a worker: prefect worker start --pool {pool}", markup=False)
 
+
+def publish(
+    ref: str = typer.Argument(..., help="<policy>@<alias> or <policy>@<version> of a registered policy."),
+    repo: Path = typer.Option(..., help="TUF repository directory (static files to serve; made on first use)."),
+    keys: Optional[Path] = typer.Option(None, help="TUF role keys (default: <workspace>/tuf-keys; never serve it)."),
+    timestamp_s: float = typer.Option(86400.0, help="Lifetime of timestamp.json in seconds."),
+) -> None:
+    """Publish a registered version's bundle to a TUF repository (registry/tuf_repo.py) and tag the version
+    with what was published where (sim2edge.tuf)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from registry.models import registered_bundle
+    from registry.tuf_repo import PublishConfig
+    from registry.tuf_repo import publish as publish_tuf
+
+    ws = Workspace.from_env()
+    policy, sep, which = ref.partition("@")
+    if not sep or not policy or not which:
+        fail(f"{ref!r} must look like <policy>@<alias> or <policy>@<version>")
+    client = MlflowClient(ws.tracking_uri())
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            version, tar = registered_bundle(client, policy, which, Path(tmp))
+            done = publish_tuf(PublishConfig(repo=repo, keys=keys or ws.home / "tuf-keys", bundle=tar, policy=policy,
+                                             version=version, timestamp_s=timestamp_s))
+        client.set_model_version_tag(policy, version, "sim2edge.tuf",
+                                     json.dumps({"repo": str(repo.resolve()), **done.model_dump()}, sort_keys=True))
+    except (MlflowException, OSError, ValueError) as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    console.print(f"published {policy} v{version} to {repo} as {done.target_path} (targets v{done.targets_version}, "
+                  f"snapshot v{done.snapshot_version}, timestamp v{done.timestamp_version})",
+                  soft_wrap=True, markup=False, highlight=False)
 
 
 def devices(model: Optional[str] = typer.Option(None, help="Registered model (default: every one)."),

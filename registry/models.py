@@ -78,6 +78,27 @@ def publish(client: MlflowClient, name: str, version: str, bundle_path: str, sha
     return CHALLENGER
 
 
+def registered_bundle(client: MlflowClient, name: str, alias_or_version: str, dst: Path) -> tuple[str, Path]:
+    """Download the bundle of ``name``'s version (a number or an alias) into ``dst``, checked against its tags;
+    returns (version, path)."""
+    from edge.bundle import sha256_path
+
+    if alias_or_version.isdigit():
+        mv = client.get_model_version(name, alias_or_version)
+    else:
+        mv = client.get_model_version_by_alias(name, alias_or_version)
+    tags = mv.tags or {}
+    if TAG_PATH not in tags or TAG_SHA256 not in tags:
+        raise ValueError(f"{name} v{mv.version} has no bundle (tags {TAG_PATH}, {TAG_SHA256})")
+    _, sep, artifact = tags[TAG_PATH].partition("/artifacts/")
+    if not sep or not mv.run_id:
+        raise ValueError(f"{name} v{mv.version}: bundle path {tags[TAG_PATH]!r} is not a run artifact")
+    path = Path(client.download_artifacts(mv.run_id, artifact, str(dst)))
+    if sha256_path(path) != tags[TAG_SHA256]:
+        raise ValueError(f"{name} v{mv.version}: downloaded bundle does not match its tag {TAG_SHA256}")
+    return str(mv.version), path
+
+
 def _barrier() -> None:
     """Test hook between reading the champion and moving it: ``SIM2EDGE_PROMOTE_BARRIER=<dir>:<n>:<seconds>``
     marks this process in ``<dir>`` and waits until ``n`` have arrived or ``seconds`` passed (unset in normal use)."""

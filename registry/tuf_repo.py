@@ -1,0 +1,186 @@
+"""Publish a registered bundle into a TUF repository (python-tuf's Metadata API): static files any HTTP server serves.
+
+Layout of ``repo`` (served as is; ``consistent_snapshot`` is off, so file names are plain)::
+
+    metadata/root.json, 1.root.json      the trust anchor (devices get root.json out of band: ``--tuf-root``)
+    metadata/targets.json                every published bundle, with the custom fields below
+    metadata/snapshot.json               the version of targets.json
+    metadata/timestamp.json              the version of snapshot.json; short-lived, re-signed on every publish
+    targets/<policy>/<version>.tar       the bundle, byte for byte as registered
+    targets/<policy>/latest.tar          a copy of the highest version published (``pull --tuf URL <policy>``)
+
+Keys (``keys``, never served): ``root.key``, ``targets.key``, ``snapshot.key``, ``timestamp.key``, each an
+Ed25519 private key (PKCS#8 PEM, mode 0600), made on the first publish; threshold 1 per role.
+
+Each target's ``custom`` field (the device checks it against the registry contract and the signed manifest)::
+
+    {"sim2edge": {"policy": "<name>", "version": "<n>", "target": "<profile>", "bundle_sha256": "<64 hex>"}}
+
+Every publish bumps the versions of targets, snapshot and timestamp and renews their expiries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from edge import bundle
+from edge.errors import CheckFailed
+
+ROLES = ("root", "targets", "snapshot", "timestamp")
+CUSTOM = "sim2edge"
+
+
+class PublishConfig(BaseModel):
+    """One bundle into one repository."""
+
+    model_config = ConfigDict(frozen=True)
+    repo: Path = Field(description="Repository directory (served as static files).")
+    keys: Path = Field(description="Directory of the role keys (made on first use; never served).")
+    bundle: Path = Field(description="The bundle tar as registered.")
+    policy: str = Field(description="Registered model the bundle belongs to.")
+    version: str = Field(description="Its registered version.")
+    root_days: float = Field(365.0, gt=0, description="Lifetime of root.json.")
+    targets_days: float = Field(90.0, gt=0, description="Lifetime of targets.json.")
+    snapshot_days: float = Field(7.0, gt=0, description="Lifetime of snapshot.json.")
+    timestamp_s: float = Field(86400.0, gt=0, description="Lifetime of timestamp.json: how long a frozen "
+                                                          "repository can fool a device.")
+
+
+class Published(BaseModel):
+    """What was published where."""
+
+    model_config = ConfigDict(frozen=True)
+    target_path: str
+    latest: bool = Field(description="Whether <policy>/latest.tar now names this version.")
+    sha256: str
+    size: int
+    targets_version: int
+    snapshot_version: int
+    timestamp_version: int
+
+
+def _manifest(tar: Path) -> dict:
+    """The bundle's manifest (parsed, not authenticated: the device does that)."""
+    try:
+        with tarfile.open(tar) as t:
+            member = t.getmember(bundle.MANIFEST)
+            if member.size > bundle.MAX_MANIFEST_BYTES:
+                raise ValueError(f"{bundle.MANIFEST} is {member.size} bytes")
+            return bundle.parse_manifest(t.extractfile(member).read())
+    except (KeyError, tarfile.TarError, OSError, ValueError, CheckFailed) as e:
+        raise ValueError(f"{tar} is not a sim2edge bundle ({e})") from None
+
+
+def _signers(keys: Path) -> dict:
+    """The four role signers from ``keys``, generated on first use."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from securesystemslib.signer import CryptoSigner
+
+    keys.mkdir(parents=True, exist_ok=True)
+    signers = {}
+    for role in ROLES:
+        path = keys / f"{role}.key"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(CryptoSigner.generate_ed25519().private_bytes)
+        signers[role] = CryptoSigner(load_pem_private_key(path.read_bytes(), None))
+    return signers
+
+
+def _expiry(seconds: float) -> datetime:
+    return datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=seconds)
+
+
+def _write(md, path: Path) -> None:
+    """Write metadata atomically: a client never reads half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(md.to_bytes())
+    os.replace(tmp, path)
+
+
+def _load_or_init(meta: Path, signers: dict, cfg: PublishConfig) -> dict:
+    """The four roles as stored, or a new repository (root written at once) whose keys are ``signers``'."""
+    from tuf.api.metadata import Metadata, Root, Snapshot, Targets, Timestamp
+
+    if (meta / "root.json").exists():
+        md = {role: Metadata.from_file(str(meta / f"{role}.json")) for role in ROLES}
+        for role in ROLES:
+            if signers[role].public_key.keyid not in md["root"].signed.roles[role].keyids:
+                raise ValueError(f"{cfg.keys / (role + '.key')} is not a {role} key of {meta / 'root.json'}: "
+                                 f"publish with the key directory that made this repository")
+        return md
+    for role in ROLES:
+        if (meta / f"{role}.json").exists():
+            raise ValueError(f"{meta} has {role}.json but no root.json: not a repository this command made")
+    root = Root(expires=_expiry(cfg.root_days * 86400), consistent_snapshot=False)
+    for role in ROLES:
+        root.add_key(signers[role].public_key, role)
+    md = {"root": Metadata(root), "targets": Metadata(Targets()), "snapshot": Metadata(Snapshot()),
+          "timestamp": Metadata(Timestamp())}
+    for role in ("targets", "snapshot", "timestamp"):
+        md[role].signed.version = 0  # publish bumps each to 1
+    md["root"].sign(signers["root"])
+    meta.mkdir(parents=True, exist_ok=True)
+    _write(md["root"], meta / "1.root.json")
+    _write(md["root"], meta / "root.json")
+    return md
+
+
+def _target(repo: Path, path: str, local: Path, custom: dict):
+    from tuf.api.metadata import TargetFile
+
+    dest = repo / "targets" / path
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.copyfile(local, tmp)
+    os.replace(tmp, dest)
+    return TargetFile(dest.stat().st_size, {"sha256": bundle.sha256_path(dest)}, path, {"custom": {CUSTOM: custom}})
+
+
+def publish(cfg: PublishConfig) -> Published:
+    """Add ``cfg.bundle`` as target ``<policy>/<version>.tar`` (and ``latest.tar`` if it is the newest), then
+    re-sign targets, snapshot and timestamp with bumped versions."""
+    from tuf.api.metadata import MetaFile
+
+    m = _manifest(cfg.bundle)
+    said = (m["policy"]["name"], str(m["policy"]["version"]))
+    if said != (cfg.policy, str(cfg.version)):
+        raise ValueError(f"{cfg.bundle} is {said[0]} v{said[1]}, not {cfg.policy} v{cfg.version} as registered")
+    signers = _signers(cfg.keys)
+    meta = cfg.repo / "metadata"
+    md = _load_or_init(meta, signers, cfg)
+    custom = {"policy": cfg.policy, "version": str(cfg.version), "target": m["target"]["name"],
+              "bundle_sha256": bundle.sha256_path(cfg.bundle)}
+    targets = md["targets"].signed
+    path = f"{cfg.policy}/{cfg.version}.tar"
+    targets.targets[path] = _target(cfg.repo, path, cfg.bundle, custom)
+    latest_path = f"{cfg.policy}/latest.tar"
+    latest = targets.targets.get(latest_path)
+    newest = latest is None or int(latest.unrecognized_fields["custom"][CUSTOM]["version"]) <= int(cfg.version)
+    if newest:
+        targets.targets[latest_path] = _target(cfg.repo, latest_path, cfg.bundle, custom)
+    targets.version += 1
+    targets.expires = _expiry(cfg.targets_days * 86400)
+    snapshot = md["snapshot"].signed
+    snapshot.meta["targets.json"] = MetaFile(targets.version)
+    snapshot.version += 1
+    snapshot.expires = _expiry(cfg.snapshot_days * 86400)
+    timestamp = md["timestamp"].signed
+    timestamp.snapshot_meta = MetaFile(snapshot.version)
+    timestamp.version += 1
+    timestamp.expires = _expiry(cfg.timestamp_s)
+    for role in ("targets", "snapshot", "timestamp"):  # timestamp last: clients start there
+        md[role].signatures.clear()
+        md[role].sign(signers[role])
+        _write(md[role], meta / f"{role}.json")
+    info = targets.targets[path]
+    return Published(target_path=path, latest=newest, sha256=info.hashes["sha256"], size=info.length,
+                     targets_version=targets.version, snapshot_version=snapshot.version,
+                     timestamp_version=timestamp.version)
