@@ -7,6 +7,7 @@ the host runs the twin at the task's 20 ms period. Episodes are cut to 60 steps 
 from __future__ import annotations
 
 import io
+import itertools
 import signal
 import subprocess
 from pathlib import Path
@@ -18,6 +19,7 @@ from edge import bundle, signing
 from edge.runtime import OnnxRuntime
 from stages.twin.episodes import run_episodes
 from stages.twin.hil import HilConfig, hil_task, run_hil, twin_env
+from stages.twin.relay import Impairment, Relay, fates
 from stages.twin.suite import Scenario
 from tests.bundles import linear_onnx, make_bundle, make_keys
 from tests.test_agent_run import AGENT
@@ -91,3 +93,34 @@ def test_clean_link_keeps_deadlines_and_matches_in_process_returns(device):
     assert r.rtt_ms()["p50"] < 0.5 * r.period_s * 1e3
     # the action lands a substep (10 ms) later than in-process: returns stay within a few percent
     assert r.returns == pytest.approx(expected, rel=0.05), (r.returns, expected)
+
+
+def test_relay_fates_are_seeded():
+    imp = Impairment(delay_s=0.01, jitter_s=0.003, loss=0.05, duplicate=0.02, reorder=0.02)
+    draw = lambda seed: list(itertools.islice(fates(imp, np.random.default_rng(seed)), 2000))  # noqa: E731
+    a, b = draw(7), draw(7)
+    assert a == b and a != draw(8)
+    assert 0.03 < np.mean([f.drop for f in a]) < 0.07 and all(0.007 <= f.delay_s <= 0.023 for f in a)
+    assert 0.01 < np.mean([f.copies == 2 for f in a]) < 0.03 and 0.01 < np.mean([f.held_back for f in a]) < 0.03
+
+
+def test_lossy_link_loses_what_the_relay_dropped(device):
+    address, _ = device
+    with Relay(address, Impairment(loss=0.15), seed=3) as relay:
+        r = run_hil(HilConfig(device=relay.address, episodes=2, seed=SEED, max_steps=STEPS), "cartpole")
+    dropped = relay.counters["up"].dropped + relay.counters["down"].dropped
+    assert dropped > 0.15 * (relay.counters["up"].forwarded + relay.counters["up"].dropped)
+    probes_lost = sum(e.phase.probes_sent - e.phase.probes_answered for e in r.episodes)
+    # every datagram the relay dropped is an observation or action lost; the device may have skipped a stale one more
+    assert 0 <= r.total("lost_actions") + probes_lost - dropped <= r.device_delta("dropped_stale"), r.episodes
+    assert r.total("deadline_misses") >= r.total("lost_actions") > 0.15 * sum(e.steps for e in r.episodes)
+
+
+def test_delay_beyond_the_period_makes_every_action_late(device):
+    address, _ = device
+    with Relay(address, Impairment(delay_s=0.025), Impairment(), seed=1) as relay:
+        r = run_hil(HilConfig(device=relay.address, episodes=2, seed=SEED, max_steps=STEPS), "cartpole")
+    steps = sum(e.steps for e in r.episodes)
+    assert relay.counters["up"].delayed >= steps and relay.counters["down"].delayed == 0
+    assert r.rtt_ms()["p50"] > r.period_s * 1e3 and r.total("late_actions") >= 0.9 * steps, r.episodes
+    assert r.total("lost_actions") <= r.device_delta("dropped_stale")
