@@ -6,8 +6,11 @@ the host runs the twin at the task's 20 ms period. Episodes are cut to 60 steps 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import io
 import itertools
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -26,6 +29,7 @@ from tests.test_agent_run import AGENT
 from tests.test_evaluate import BALANCER
 
 STEPS, EPISODES, SEED = 60, 3, 1000
+CLONE_NEWNET = 0x40000000
 CARTPOLE_IO = {"input": {"terms": [{"name": n, "unit": "1"} for n in
                                    ("cart_pos", "pole_cos", "pole_sin", "cart_vel", "pole_angvel")]},
                "output": {"terms": [{"name": "slide", "unit": "N"}], "low": [-1.0], "high": [1.0], "default": [0.0]}}
@@ -74,8 +78,13 @@ def in_process_returns(onnx: Path) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def device(tmp_path_factory):
-    root, onnx = cartpole_store(tmp_path_factory.mktemp("hil"))
+def store(tmp_path_factory) -> tuple[Path, Path]:
+    return cartpole_store(tmp_path_factory.mktemp("hil"))
+
+
+@pytest.fixture(scope="module")
+def device(store):
+    root, onnx = store
     proc, address = serve(root, "udp://127.0.0.1:0")
     yield address, onnx
     stop(proc)
@@ -124,3 +133,59 @@ def test_delay_beyond_the_period_makes_every_action_late(device):
     assert relay.counters["up"].delayed >= steps and relay.counters["down"].delayed == 0
     assert r.rtt_ms()["p50"] > r.period_s * 1e3 and r.total("late_actions") >= 0.9 * steps, r.episodes
     assert r.total("lost_actions") <= r.device_delta("dropped_stale")
+
+
+@contextlib.contextmanager
+def entered(netns: str):
+    """Run this thread in the network namespace ``netns`` (sockets made meanwhile stay there)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/thread-self/ns/net") as home, open(f"/var/run/netns/{netns}") as there:
+        if libc.setns(there.fileno(), CLONE_NEWNET):
+            raise OSError(ctypes.get_errno(), f"setns into {netns}")
+        try:
+            yield
+        finally:
+            libc.setns(home.fileno(), CLONE_NEWNET)
+
+
+@pytest.fixture
+def namespaces():
+    """A "host" and a "device" namespace joined by a veth pair, 10.77.0.1 ↔ 10.77.0.2; deleted afterwards."""
+    host, dev = f"s2e-hil-h{os.getpid()}", f"s2e-hil-d{os.getpid()}"
+    made = []
+    try:
+        for ns in (host, dev):
+            r = subprocess.run(["ip", "netns", "add", ns], capture_output=True, text=True)
+            if r.returncode:
+                pytest.skip(f"network namespaces (ip netns add) not permitted here: {r.stderr.strip()}")
+            made.append(ns)
+        for cmd in (f"-n {host} link add vh type veth peer name vd netns {dev}",
+                    f"-n {host} addr add 10.77.0.1/30 dev vh", f"-n {dev} addr add 10.77.0.2/30 dev vd",
+                    f"-n {host} link set vh up", f"-n {dev} link set vd up",
+                    f"-n {host} link set lo up", f"-n {dev} link set lo up"):
+            subprocess.run(["ip", *cmd.split()], check=True)
+        yield host, dev
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], check=True)
+
+
+def test_device_in_its_own_network_namespace_behind_a_veth_and_the_relay(store, namespaces):
+    host, dev = namespaces
+    root, _ = store
+    proc, address = serve(root, "udp://10.77.0.2:0", prefix=("ip", "netns", "exec", dev))
+    try:
+        with entered(host):
+            direct = run_hil(HilConfig(device=address, episodes=2, seed=SEED, max_steps=STEPS), "cartpole")
+            with Relay(address, Impairment(delay_s=0.004, jitter_s=0.002, loss=0.05), seed=5,
+                       listen="udp://10.77.0.1:0") as relay:
+                shaped = run_hil(HilConfig(device=relay.address, episodes=2, seed=SEED, max_steps=STEPS), "cartpole")
+    finally:
+        stop(proc)
+    assert direct.total("deadline_misses") <= 0.1 * sum(e.steps for e in direct.episodes), direct.episodes
+    assert direct.device_after["observations"] > 0
+    dropped = relay.counters["up"].dropped + relay.counters["down"].dropped
+    probes_lost = sum(e.phase.probes_sent - e.phase.probes_answered for e in shaped.episodes)
+    assert dropped > 0 and relay.counters["up"].delayed > 0
+    assert 0 <= shaped.total("lost_actions") + probes_lost - dropped <= shaped.device_delta("dropped_stale")
+    assert shaped.rtt_ms()["p50"] > direct.rtt_ms()["p50"] + 5  # the relay's ~8 ms round trip shows
