@@ -104,6 +104,15 @@ def test_clean_link_keeps_deadlines_and_matches_in_process_returns(device):
     assert r.returns == pytest.approx(expected, rel=0.05), (r.returns, expected)
 
 
+def test_unix_socket_device(store, tmp_path):
+    proc, address = serve(store[0], f"unix://{tmp_path}/agent.sock")
+    try:
+        r = run_hil(HilConfig(device=address, episodes=1, seed=SEED, max_steps=30), "cartpole")
+    finally:
+        stop(proc)
+    assert r.episodes[0].steps == 30 and r.total("deadline_misses") <= 3 and len(r.episodes[0].rtt_ms) >= 27
+
+
 def test_relay_fates_are_seeded():
     imp = Impairment(delay_s=0.01, jitter_s=0.003, loss=0.05, duplicate=0.02, reorder=0.02)
     draw = lambda seed: list(itertools.islice(fates(imp, np.random.default_rng(seed)), 2000))  # noqa: E731
