@@ -4,8 +4,9 @@ Each control period the host sends the twin's observation to the device (``sim2e
 wire format of ``edge.control``) and keeps integrating with the action in effect. An action takes
 effect from the first physics substep after it arrives, as on a real actuator; an action that has
 not arrived by the end of its period is a deadline miss (late if it arrives afterwards, lost if
-never). The physics of a period is integrated when the period ends, with the piecewise-constant
-controls the arrivals gave it, so the result equals stepping substep by substep in real time.
+never). The physics of a period is integrated once its own action arrived (nothing arriving later in
+the period is newer) or when it ends, with the piecewise-constant controls the arrivals gave it, so
+the result equals stepping substep by substep in real time; the next observation leaves on time.
 
 Episodes use the scenarios, seeds and environment of in-process evaluation (one shard, seed
 ``cfg.seed``): episode i starts from row i's initial state of ``BatchedEnv(task, episodes, seed)``.
@@ -186,12 +187,15 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
             changes.append((math.ceil((a.at - period_start) / substep - 1e-9), action.astype(np.float32)))
         return changes
 
-    t = start
+    t, pending = start, []
     for k in range(task.episode_steps):
+        # arrivals while waiting for the period to start: the last period is integrated, they apply from now
+        pending += [(0, a) for _, a in take(link.receive(t), t)]
         deadline[seq] = t + period
         link.send_observation(seq, obs)
-        seq += 1
-        changes = take(link.receive(t + period), t)
+        # the period's physics is settled once its own action arrived (anything later is older or a copy)
+        changes = pending + take(link.receive(t + period, awaited=seq), t)
+        seq, pending = seq + 1, []
         # piecewise-constant controls: each change holds from its substep on (later ones carry into the next period)
         per_substep = []
         for s in range(task.decimation):

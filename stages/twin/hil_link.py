@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from edge.control import STATS_MAGIC, decode_action, encode_observation
+from edge.control import STATS_MAGIC, WATCHDOG, decode_action, encode_observation
 
 
 def parse_address(address: str) -> tuple[int, object]:
@@ -60,10 +60,11 @@ class DeviceLink:
         self.sock.sendto(encode_observation(seq, stamp, values, state), self.peer)
         return stamp
 
-    def receive(self, until: float) -> list[Arrival]:
-        """Every action datagram arriving before the host clock reaches ``until`` (at least one poll)."""
-        got = []
-        while True:
+    def receive(self, until: float, awaited: Optional[int] = None) -> list[Arrival]:
+        """Every action datagram arriving before the host clock reaches ``until`` (at least one poll), or up to
+        the action answering seq ``awaited``."""
+        got: list[Arrival] = []
+        while not (got and got[-1].seq == awaited and not got[-1].flags & WATCHDOG):
             ready, _, _ = select.select([self.sock], [], [], max(0.0, until - time.monotonic()))
             if not ready:
                 return got
@@ -77,6 +78,7 @@ class DeviceLink:
             except (ValueError, struct.error):
                 continue  # not an action (a stats reply, a stray datagram)
             got.append(Arrival(seq, stamp, flags, values.copy(), at))
+        return got
 
     def stats(self, timeout_s: float = 1.0, tries: int = 3) -> Optional[dict]:
         """The device's own statistics (``S2S1``), or None if no reply came."""
