@@ -3,7 +3,8 @@
 The device serves tests/test_hil.py's linear cart-pole balancer. The runner records every action's round
 trip (observation sent → action received, host clock); in-process inference is the same ONNX through
 ``edge.runtime.OnnxRuntime`` in this process, one observation at a time. Optionally through the relay
-(``--delay`` seconds each way, ``--jitter``, ``--loss``). Prints p50/p99/max and the ratios.
+(``--delay`` seconds each way, ``--jitter``, ``--loss``). Prints p50/p99/max, the ratios, and the
+HIL returns beside in-process evaluation's on the same seeds.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/hil_latency.py [--episodes 4] [--steps 100] [--delay 0.005]
 """
@@ -22,9 +23,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge.runtime import OnnxRuntime  # noqa: E402
-from stages.twin.hil import HilConfig, run_hil  # noqa: E402
+from stages.twin.episodes import run_episodes  # noqa: E402
+from stages.twin.hil import HilConfig, hil_task, run_hil, twin_env  # noqa: E402
 from stages.twin.relay import Impairment, Relay  # noqa: E402
+from stages.twin.suite import Scenario  # noqa: E402
+from tests.test_evaluate import BALANCER, LATENCY_FRAGILE  # noqa: E402
 from tests.test_hil import cartpole_store, serve, stop  # noqa: E402
+
+POLICIES = {"balancer": BALANCER, "fragile": LATENCY_FRAGILE}
 
 
 def in_process_ms(onnx: Path, n: int = 5000) -> np.ndarray:
@@ -42,6 +48,8 @@ def in_process_ms(onnx: Path, n: int = 5000) -> np.ndarray:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", choices=sorted(POLICIES), default="balancer",
+                    help="tests/test_evaluate.py's balancer or its latency-fragile one")
     ap.add_argument("--episodes", type=int, default=4)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--delay", type=float, default=0.0, help="relay one-way delay (s); 0 with no jitter/loss: direct")
@@ -49,7 +57,7 @@ def main() -> None:
     ap.add_argument("--loss", type=float, default=0.0)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        root, onnx = cartpole_store(Path(tmp))
+        root, onnx = cartpole_store(Path(tmp), POLICIES[args.policy])
         proc, address = serve(root, "udp://127.0.0.1:0")
         try:
             shaped = args.delay or args.jitter or args.loss
@@ -60,6 +68,9 @@ def main() -> None:
         finally:
             stop(proc)
         local = in_process_ms(onnx)
+        task = hil_task("cartpole", args.steps)
+        expected = run_episodes(OnnxRuntime(onnx), twin_env(task, Scenario(name="nominal"), task.nominal_params(),
+                                                             1000, args.episodes))
     rtt = r.rtt_ms()
     periods = sum(e.steps for e in r.episodes)
     print(f"link: {'relay ' + link.model_dump_json() if shaped else 'loopback, direct'}; period {r.period_s * 1e3:g} ms, "
@@ -70,7 +81,9 @@ def main() -> None:
           f"p99 {rtt['p99'] / np.percentile(local, 99):.0f}x")
     print(f"deadline misses {r.total('deadline_misses')} ({r.total('late_actions')} late, {r.total('lost_actions')} lost), "
           f"host overruns {r.total('host_overruns')}, device LATE flags {r.total('device_late')}; "
-          f"returns {np.round(r.returns, 2).tolist()}")
+          f"falls {sum(e.fell for e in r.episodes)}")
+    print(f"returns HIL {np.round(r.returns, 2).tolist()}, in-process {np.round(expected.returns, 2).tolist()} "
+          f"(falls {int(expected.fell.sum())}); same seeds")
     if shaped:
         print(f"relay: up {relay.counters['up']}, down {relay.counters['down']}")
 

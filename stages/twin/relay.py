@@ -50,7 +50,7 @@ def fates(imp: Impairment, rng: np.random.Generator):
     while True:
         u = rng.random(4)
         held = bool(u[3] < imp.reorder)
-        delay = max(0.0, imp.delay_s + imp.jitter_s * (2 * u[1] - 1)) + (imp.reorder_s if held else 0.0)
+        delay = max(0.0, imp.delay_s + imp.jitter_s * float(2 * u[1] - 1)) + (imp.reorder_s if held else 0.0)
         yield Fate(drop=bool(u[0] < imp.loss), delay_s=delay, copies=2 if u[2] < imp.duplicate else 1, held_back=held)
 
 
@@ -70,8 +70,8 @@ class Counters:
             return
         self.forwarded += 1
         self.duplicated += fate.copies - 1
-        self.reordered += fate.held_back
-        self.delayed += fate.delay_s > 0
+        self.reordered += int(fate.held_back)
+        self.delayed += int(fate.delay_s > 0)
 
 
 @dataclass(order=True)
