@@ -21,7 +21,7 @@ import pytest
 from edge import bundle, signing
 from edge.runtime import OnnxRuntime
 from stages.twin.episodes import run_episodes
-from stages.twin.hil import HilConfig, hil_task, run_hil, twin_env
+from stages.twin.hil import HilConfig, hil_task, run_hil, substep_actions, twin_env
 from stages.twin.relay import Impairment, Relay, fates
 from stages.twin.suite import Scenario
 from tests.bundles import linear_onnx, make_bundle, make_keys
@@ -111,6 +111,16 @@ def test_unix_socket_device(store, tmp_path):
     finally:
         stop(proc)
     assert r.episodes[0].steps == 30 and r.total("deadline_misses") <= 3 and len(r.episodes[0].rtt_ms) >= 27
+
+
+def test_an_action_holds_from_the_substep_it_arrives_at():
+    old, new, newer = np.zeros(1), np.ones(1), np.full(1, 2.0)
+    per, after = substep_actions(old, [(1, new)], 2)
+    assert per.ravel().tolist() == [0, 1] and after == new
+    per, after = substep_actions(old, [(2, new)], 2)  # arrived in the period's last instant: from the next period
+    assert per.ravel().tolist() == [0, 0] and after == new
+    per, after = substep_actions(old, [(0, new), (1, newer)], 2)
+    assert per.ravel().tolist() == [1, 2] and after == newer
 
 
 def test_relay_fates_are_seeded():

@@ -120,6 +120,21 @@ class _HeldRow:
         self.pool.rollout(models, datas, initial_state, control, **kw)
 
 
+def substep_actions(current: np.ndarray, changes: list[tuple[int, np.ndarray]],
+                    substeps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Piecewise-constant actions of one period: ``current`` until each (substep, action) change, in order.
+
+    Returns (substeps, nu) actions and the action in effect after the period (a change at or beyond
+    ``substeps`` takes effect from the next period's first substep)."""
+    out = np.empty((substeps, len(current)), np.float32)
+    changes = list(changes)
+    for s in range(substeps):
+        while changes and changes[0][0] <= s:
+            current = changes.pop(0)[1]
+        out[s] = current
+    return out, (changes[-1][1] if changes else current)
+
+
 def run_hil(cfg: HilConfig, task_ref: str, scenario: Scenario = Scenario(name=NOMINAL),
             params: Optional[PhysicalParams] = None) -> HilResult:
     """``cfg.episodes`` real-time episodes of ``scenario`` around ``params`` with the device at ``cfg.device``."""
@@ -196,17 +211,10 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
         # the period's physics is settled once its own action arrived (anything later is older or a copy)
         changes = pending + take(link.receive(t + period, awaited=seq), t)
         seq, pending = seq + 1, []
-        # piecewise-constant controls: each change holds from its substep on (later ones carry into the next period)
-        per_substep = []
-        for s in range(task.decimation):
-            while changes and changes[0][0] <= s:
-                current = changes.pop(0)[1]
-            per_substep.append(current)
-        held.controls = task.action_default + task.action_scale * np.stack(per_substep)
+        per_substep, current = substep_actions(current, changes, task.decimation)
+        held.controls = task.action_default + task.action_scale * per_substep
         action = idle.copy()
         action[row] = per_substep[-1]
-        if changes:
-            current = changes[-1][1]
         r = env.step(action)
         steps = k + 1
         if r.done[row]:
