@@ -26,7 +26,7 @@ from stages.twin.relay import Impairment, Relay, fates
 from stages.twin.suite import Scenario
 from tests.bundles import linear_onnx, make_bundle, make_keys
 from tests.test_agent_run import AGENT
-from tests.test_evaluate import BALANCER
+from tests.test_evaluate import BALANCER, LATENCY_FRAGILE
 
 STEPS, EPISODES, SEED = 60, 3, 1000
 CLONE_NEWNET = 0x40000000
@@ -61,7 +61,9 @@ def serve(root: Path, listen: str, prefix: tuple[str, ...] = ()) -> tuple[subpro
     proc = subprocess.Popen([*prefix, AGENT, "run", "--root", str(root), "--listen", listen, "--watchdog-periods",
                              "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
-    assert line.startswith("serving balancer v1 on "), line + proc.stderr.read()
+    if not line.startswith("serving balancer v1 on "):
+        proc.kill()
+        pytest.fail(f"the agent did not start: {line}{proc.communicate(timeout=10)[1]}")
     return proc, line.split(" on ", 1)[1].split(" ")[0]
 
 
@@ -70,11 +72,11 @@ def stop(proc: subprocess.Popen) -> None:
     proc.communicate(timeout=10)
 
 
-def in_process_returns(onnx: Path) -> np.ndarray:
+def in_process(onnx: Path, steps: int = STEPS, episodes: int = EPISODES):
     """The same episodes evaluated in-process (no link, the action in effect from the period's first substep)."""
-    env = twin_env(hil_task("cartpole", STEPS), Scenario(name="nominal"), hil_task("cartpole").nominal_params(), SEED,
-                   EPISODES)
-    return run_episodes(OnnxRuntime(onnx), env).returns
+    env = twin_env(hil_task("cartpole", steps), Scenario(name="nominal"), hil_task("cartpole").nominal_params(), SEED,
+                   episodes)
+    return run_episodes(OnnxRuntime(onnx), env)
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def device(store):
 def test_clean_link_keeps_deadlines_and_matches_in_process_returns(device):
     address, onnx = device
     r = run_hil(HilConfig(device=address, episodes=EPISODES, seed=SEED, max_steps=STEPS), "cartpole")
-    expected = in_process_returns(onnx)
+    expected = in_process(onnx).returns
     assert [e.steps for e in r.episodes] == [STEPS] * EPISODES and not any(e.fell for e in r.episodes)
     periods = EPISODES * STEPS
     assert r.total("deadline_misses") <= 0.1 * periods, r.episodes  # ≈ 0; slack for a loaded host
@@ -121,6 +123,19 @@ def test_an_action_holds_from_the_substep_it_arrives_at():
     assert per.ravel().tolist() == [0, 0] and after == new
     per, after = substep_actions(old, [(0, new), (1, newer)], 2)
     assert per.ravel().tolist() == [1, 2] and after == newer
+
+
+def test_latency_fragile_policy_falls_over_a_link_in_process_evaluation_does_not_have(tmp_path):
+    """tests/test_evaluate.py's fragile balancer: no fall in-process; 10 ms each way (a round trip over a period) fells it."""
+    root, onnx = cartpole_store(tmp_path, LATENCY_FRAGILE)
+    assert not in_process(onnx, 100, 2).fell.any()
+    proc, address = serve(root, "udp://127.0.0.1:0")
+    try:
+        with Relay(address, Impairment(delay_s=0.01), seed=2) as relay:
+            r = run_hil(HilConfig(device=relay.address, episodes=2, seed=SEED, max_steps=100), "cartpole")
+    finally:
+        stop(proc)
+    assert r.rtt_ms()["p50"] > r.period_s * 1e3 and any(e.fell for e in r.episodes), r.episodes
 
 
 def test_relay_fates_are_seeded():
