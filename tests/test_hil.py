@@ -104,6 +104,10 @@ def test_clean_link_keeps_deadlines_and_matches_in_process_returns(device):
     assert r.rtt_ms()["p50"] < 0.5 * r.period_s * 1e3
     # the action lands a substep (10 ms) later than in-process: returns stay within a few percent
     assert r.returns == pytest.approx(expected, rel=0.05), (r.returns, expected)
+    row = r.summary(SEED)
+    assert row["episodes"] == EPISODES and row["steps"] == periods and row["falls"] == 0
+    assert row["mean_return_ci95"][0] <= row["mean_return"] <= row["mean_return_ci95"][1]
+    assert row["deadline_misses"] == row["late_actions"] + row["lost_actions"] and row["rtt_ms_p99"] <= row["rtt_ms_max"]
 
 
 def test_unix_socket_device(store, tmp_path):

@@ -29,6 +29,7 @@ from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.sim.task import Task
 from stages.twin.hil_link import DeviceLink, Phase, align
+from stages.twin.stats import bootstrap_mean, wilson
 from stages.twin.suite import NOMINAL, Scenario
 
 
@@ -86,6 +87,19 @@ class HilResult(BaseModel):
         if self.device_before is None or self.device_after is None:
             return None
         return self.device_after[counter] - self.device_before[counter]
+
+    def summary(self, seed: int = 0) -> dict:
+        """One scenario's row, keyed like in-process evaluation's (``evaluate.summarize``) plus the link's counts."""
+        success = np.array([e.success for e in self.episodes])
+        rtt = self.rtt_ms()
+        return {"scenario": self.scenario, "episodes": len(self.episodes),
+                "success_rate": float(success.mean()), "success_rate_ci95": list(wilson(int(success.sum()), len(success))),
+                "mean_return": float(self.returns.mean()),
+                "mean_return_ci95": list(bootstrap_mean(self.returns, seed=seed)),
+                "falls": self.total("fell"), "steps": self.total("steps"),
+                **{k: self.total(k) for k in ("deadline_misses", "late_actions", "lost_actions", "duplicate_actions",
+                                              "stale_actions", "host_overruns", "device_late")},
+                "rtt_ms_p50": rtt["p50"], "rtt_ms_p99": rtt["p99"], "rtt_ms_max": rtt["max"]}
 
     def rtt_ms(self) -> dict[str, float]:
         """Round-trip p50, p99 and max over every episode (ms)."""
