@@ -129,6 +129,16 @@ def test_an_action_holds_from_the_substep_it_arrives_at():
     assert per.ravel().tolist() == [1, 2] and after == newer
 
 
+def test_duplicated_and_overtaken_actions_are_counted_not_applied(device):
+    address, _ = device
+    down = Impairment(duplicate=0.2, reorder=0.2, reorder_s=0.03)  # held back beyond the period: the next overtakes it
+    with Relay(address, Impairment(), down, seed=4) as relay:
+        r = run_hil(HilConfig(device=relay.address, episodes=2, seed=SEED, max_steps=STEPS), "cartpole")
+    c = relay.counters["down"]
+    assert 0 < r.total("duplicate_actions") <= c.duplicated and 0 < r.total("stale_actions") <= c.reordered
+    assert r.total("late_actions") >= r.total("stale_actions"), r.episodes
+
+
 def test_latency_fragile_policy_falls_over_a_link_in_process_evaluation_does_not_have(tmp_path):
     """tests/test_evaluate.py's fragile balancer: no fall in-process; 10 ms each way (a round trip over a period) fells it."""
     root, onnx = cartpole_store(tmp_path, LATENCY_FRAGILE)
@@ -214,10 +224,10 @@ def test_device_in_its_own_network_namespace_behind_a_veth_and_the_relay(store, 
     proc, address = serve(root, "udp://10.77.0.2:0", prefix=("ip", "netns", "exec", dev))
     try:
         with entered(host):
-            direct = run_hil(HilConfig(device=address, episodes=2, seed=SEED, max_steps=STEPS), "cartpole")
+            direct = run_hil(HilConfig(device=address, episodes=1, seed=SEED, max_steps=STEPS), "cartpole")
             with Relay(address, Impairment(delay_s=0.004, jitter_s=0.002, loss=0.05), seed=5,
                        listen="udp://10.77.0.1:0") as relay:
-                shaped = run_hil(HilConfig(device=relay.address, episodes=2, seed=SEED, max_steps=STEPS), "cartpole")
+                shaped = run_hil(HilConfig(device=relay.address, episodes=1, seed=SEED, max_steps=STEPS), "cartpole")
     finally:
         stop(proc)
     assert direct.total("deadline_misses") <= 0.1 * sum(e.steps for e in direct.episodes), direct.episodes
