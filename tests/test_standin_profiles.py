@@ -47,12 +47,13 @@ def test_arm6_calibration_recovers_every_hidden_parameter(tmp_path):
     assert twin.replay_error_after * 20 < twin.replay_error_before
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module")  # about 170 s on 2 cores: the quadruped's tests run with `make test-slow`
 def quadruped_twin(tmp_path_factory):
     return calibrated_standin("quadruped", 8, CalibrateConfig(max_windows=64, generations=30, search_generations=6,
                                                               max_latency=1), tmp_path_factory.mktemp("quadruped"))
 
 
+@pytest.mark.slow
 def test_quadruped_calibration_recovers_gain_damping_and_payload(quadruped_twin):
     twin, truth = quadruped_twin
     assert twin.params.latency_steps == truth.latency_steps
@@ -69,6 +70,7 @@ INTERVALS_TOO_NARROW = pytest.mark.xfail(
            "folded into them", strict=False)
 
 
+@pytest.mark.slow
 @INTERVALS_TOO_NARROW
 def test_quadruped_intervals_hold_gain_damping_and_payload(quadruped_twin):
     twin, truth = quadruped_twin
@@ -77,6 +79,7 @@ def test_quadruped_intervals_hold_gain_damping_and_payload(quadruped_twin):
         assert lo <= getattr(truth, name) <= hi and hi - lo < 0.4 * getattr(twin.params, name), (name, lo, hi)
 
 
+@pytest.mark.slow
 @INTERVALS_TOO_NARROW
 def test_quadruped_friction_is_within_its_interval(quadruped_twin):
     """0.08 N m of leg friction is 0.3% of the servo torques: contact-rich 0.4 s replays hardly resolve it, so the
