@@ -23,7 +23,8 @@ from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore
 from stages.sim.params import apply_params
 from stages.sim.registry import load
-from stages.twin.calibrate import CalibrateConfig, Replayer, calibrate, windows
+from stages.twin.calibrate import CalibrateConfig, calibrate
+from stages.twin.replay import Replayer, windows
 
 
 def python_replay_errors(replayer: Replayer, candidates) -> np.ndarray:

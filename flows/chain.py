@@ -23,7 +23,7 @@ from stages.artifacts import Checkpoint, Dataset, TwinSpec, remove_partial
 from stages.export import ExportConfig
 from stages.sim.registry import load
 from stages.train import TrainConfig
-from stages.twin.calibrate import CalibrateConfig
+from stages.twin.calibration_config import CalibrateConfig
 from stages.sim.params import PhysicalParams
 from stages.twin.evaluate import Champion, EvalConfig, Shard, shard_jobs
 from stages.twin.gate import Check

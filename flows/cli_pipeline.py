@@ -136,7 +136,8 @@ def calibrate(
 ) -> None:
     """Fit the digital twin to a dataset version; print fitted vs prior (vs stand-in truth) and sensitivity."""
     from flows.steps import calibrate_step, dataset_store
-    from stages.twin.calibrate import FITTED, CalibrateConfig
+    from stages.twin.search import FITTED
+    from stages.twin.calibration_config import CalibrateConfig
 
     check_task(task)
     ws = Workspace.from_env()
@@ -186,7 +187,7 @@ def evaluate(
     from registry import lineage
     from registry.tracking import stage_run
     from stages.artifacts import ExportedPolicy
-    from stages.twin.calibrate import twin_from_file
+    from stages.twin.twin_files import twin_from_file
     from stages.twin.evaluate import EvalConfig, evaluate as run_suite
     from stages.twin.gate import GateConfig
 

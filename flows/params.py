@@ -10,7 +10,7 @@ from edge.targets import load_target
 from stages.sim.disturbance import Disturbance
 from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
-from stages.twin.calibrate import CalibrateConfig
+from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.gate import Check, GateConfig
 
 

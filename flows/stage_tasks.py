@@ -35,7 +35,7 @@ from stages.package import PackageConfig, manifest_for, package
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import reference as task_reference
 from stages.train import TrainConfig, train
-from stages.twin.calibrate import CalibrateConfig
+from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.evaluate import Champion, EvalConfig, Shard, ShardJob, evaluate, run_shard
 
 

@@ -113,7 +113,7 @@ def test_evaluation_counts_falls(quad, tmp_path):
 
 def test_quadruped_suite_pushes_the_base_and_counts_falls(quad, tmp_path):
     from stages.artifacts import ExportedPolicy
-    from stages.twin.calibrate import twin_from_file
+    from stages.twin.twin_files import twin_from_file
     from stages.twin.evaluate import episodes_in
     from stages.twin.suite import SUITES, Scenario, load_suite, suite_path
 

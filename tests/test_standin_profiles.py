@@ -8,7 +8,8 @@ from stages import standin
 from stages.collect.ingest import StandinConfig, record_standin
 from stages.collect.store import DatasetStore
 from stages.sim.registry import load
-from stages.twin.calibrate import FITTED, CalibrateConfig, calibrate
+from stages.twin.search import FITTED
+from stages.twin.calibrate import CalibrateConfig, calibrate
 
 
 @pytest.mark.parametrize("task", ["arm6", "quadruped"])

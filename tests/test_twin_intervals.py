@@ -11,7 +11,9 @@ from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
-from stages.twin.calibrate import FITTED, CalibrateConfig, calibrate, twin_from_file
+from stages.twin.search import FITTED
+from stages.twin.calibrate import CalibrateConfig, calibrate
+from stages.twin.twin_files import twin_from_file
 from stages.twin.intervals import interval, resample
 
 CHEAP = CalibrateConfig(window=10, max_windows=36, generations=16, search_generations=4, max_latency=0,

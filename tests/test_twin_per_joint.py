@@ -14,7 +14,9 @@ from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore
 from stages.sim.params import PhysicalParams, apply_params
 from stages.sim.registry import load
-from stages.twin.calibrate import CalibrateConfig, JointSearch, calibrate, write_mjcf
+from stages.twin.calibrate import CalibrateConfig, calibrate
+from stages.twin.search import JointSearch
+from stages.twin.twin_files import write_mjcf
 
 
 def test_per_joint_multipliers_apply_on_top_of_the_global_scales():

@@ -1,0 +1,26 @@
+"""How calibration runs: replay windows, CMA-ES budgets, the per-joint prior, misfit threshold and bootstrap size."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CalibrateConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    window: int = Field(20, ge=2, description="Replay window length in control steps.")
+    max_windows: int = Field(192, ge=1, description="Windows sampled from the dataset.")
+    generations: int = Field(40, ge=1, description="CMA-ES generations for the chosen latency.")
+    search_generations: int = Field(8, ge=1, description="CMA-ES generations per latency candidate.")
+    max_latency: int = Field(3, ge=0, description="Largest actuation latency tried, in control steps.")
+    population: int = Field(8, ge=4)
+    min_sensitivity: float = Field(0.02, ge=0, description="A 10% change must raise the replay error by this fraction, "
+                                                          "else the parameter is unidentifiable.")
+    joint_generations: int = Field(80, ge=0, description="CMA-ES generations of the per-joint fit (0: global only).")
+    prior_width: float = Field(0.3, gt=0, description="1σ of the per-joint log-multipliers' prior around the global fit.")
+    groups: dict[str, tuple[str, ...]] = Field(default_factory=dict, description="Joints that share hardware, "
+                                               "fitted as one multiplier: {group name: joint names}.")
+    misfit_ratio: float = Field(2.0, gt=1, description="Replay error over the noise floor above which the twin "
+                                                       "reports a misfit.")
+    bootstrap: int = Field(400, ge=20, description="Episode resamples of the bootstrap intervals.")
+    seed: int = 0
+    nthread: int = 2

@@ -1,0 +1,86 @@
+"""Replay windows cut from a dataset, and their replay under candidate parameters in one ``mujoco.rollout`` call."""
+
+from __future__ import annotations
+
+import copy
+
+import mujoco
+import numpy as np
+import pyarrow as pa
+from mujoco import rollout
+from pydantic import BaseModel, ConfigDict
+
+from stages import logs
+from stages.artifacts import Dataset
+from stages.collect.store import dataset_files
+from stages.sim.env import STATE_SPEC
+from stages.sim.params import PhysicalParams, apply_params
+from stages.sim.task import Task
+from stages.twin.calibration_config import CalibrateConfig
+
+
+class Windows(BaseModel):
+    """Replay windows: start states (W, nstate), controls per latency (L+1, W, T*decimation, nu), targets (W, T, nq),
+    and the episode each was cut from (W,), numbered in dataset order."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+    start: np.ndarray
+    control: np.ndarray
+    target: np.ndarray
+    episode: np.ndarray
+
+
+def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
+    """Cut every file of the dataset into replay windows (sampled without replacement, seeded)."""
+    table = pa.concat_tables([logs.read(p) for p in dataset_files(dataset)])
+    qpos, qvel, ctrl = (logs.columns(table, p) for p in ("qpos", "qvel", "ctrl"))
+    episode = table.column("episode").to_numpy()
+    boundaries = np.flatnonzero(np.r_[True, episode[1:] != episode[:-1], True])  # files concatenate episode-wise
+    starts = [s for b, e in zip(boundaries[:-1], boundaries[1:]) for s in range(b + cfg.max_latency, e - cfg.window, cfg.window)]
+    if not starts:
+        raise ValueError(f"dataset {dataset.path}: no episode is longer than window + max_latency "
+                         f"({cfg.window} + {cfg.max_latency} steps)")
+    rng = np.random.default_rng(cfg.seed)
+    starts = np.sort(rng.choice(starts, size=min(cfg.max_windows, len(starts)), replace=False))
+    m = task.model
+    start = np.zeros((len(starts), mujoco.mj_stateSize(m, STATE_SPEC)))
+    start[:, 1 : 1 + m.nq] = qpos[starts]
+    start[:, 1 + m.nq : 1 + m.nq + m.nv] = qvel[starts]
+    steps = starts[:, None] + np.arange(cfg.window)
+    control = np.stack([np.repeat(ctrl[steps - lag], task.decimation, axis=1) for lag in range(cfg.max_latency + 1)])
+    return Windows(start=start, control=control.astype(np.float64), target=qpos[steps + 1],
+                   episode=np.searchsorted(boundaries, starts, side="right") - 1)
+
+
+class Replayer:
+    """Replays all windows for a batch of candidate parameter sets in one rollout call."""
+
+    def __init__(self, task: Task, win: Windows, nthread: int) -> None:
+        self.task, self.win = task, win
+        self.pool = rollout.Rollout(nthread=nthread)
+        self.datas = [mujoco.MjData(task.model) for _ in range(nthread)]
+        self.joints = task.replayed_qpos
+
+    def replay(self, candidates: list[PhysicalParams], start: np.ndarray | None = None) -> np.ndarray:
+        """Replayed joint positions of each candidate (uses its ``latency_steps``), from the windows' start states
+        or ``start``: (C, W, T, nq)."""
+        task, n = self.task, len(self.win.start)
+        start = self.win.start if start is None else start
+        models = [apply_params(copy.deepcopy(task.model), task.model, p, task.mass_mask) for p in candidates]
+        control = np.concatenate([self.win.control[p.latency_steps] for p in candidates])
+        nstep = control.shape[1]
+        state = np.empty((len(control), nstep, self.win.start.shape[1]))
+        sensors = np.empty((len(control), nstep, task.model.nsensordata))
+        self.pool.rollout([m for m in models for _ in range(n)], self.datas, np.tile(start, (len(models), 1)),
+                          control, nstep=nstep, skip_checks=True, state=state, sensordata=sensors)
+        qpos = state[:, task.decimation - 1 :: task.decimation, 1 : 1 + task.model.nq]
+        return qpos.reshape(len(models), n, -1, task.model.nq)
+
+    def residuals(self, candidates: list[PhysicalParams]) -> np.ndarray:
+        """Replayed minus logged positions of the task's replayed joints, per candidate and window: (C, W, T·joints)."""
+        diff = (self.replay(candidates) - self.win.target)[..., self.joints]
+        return diff.reshape(len(candidates), len(self.win.start), -1)
+
+    def errors(self, candidates: list[PhysicalParams]) -> np.ndarray:
+        """RMS error of each candidate over every window, on the task's replayed joints."""
+        return np.sqrt((self.residuals(candidates) ** 2).reshape(len(candidates), -1).mean(axis=1))

@@ -1,0 +1,135 @@
+"""The CMA-ES searches of calibration: global scales and latency (``Search``), then per joint (``JointSearch``)."""
+
+from __future__ import annotations
+
+import mujoco
+import numpy as np
+from cmaes import CMA
+
+from stages.sim.disturbance import peak_forces
+from stages.sim.params import PhysicalParams, actuated_dofs, actuator_names
+from stages.sim.task import Task
+from stages.twin.calibration_config import CalibrateConfig
+from stages.twin.replay import Replayer
+
+FITTED = ("damping", "actuator_gain", "mass", "friction")
+LOG_SCALED = ("damping", "actuator_gain", "mass")
+"""Searched as log-scales in [0.2, 5]; ``friction`` as a fraction in [0, 1] of ``FRICTION_RANGE`` × max actuator effort."""
+FRICTION_RANGE = 0.2
+JOINT_FRICTION_UNIT = 0.01
+"""The per-joint fit's friction unit, × max actuator effort: a CMA-ES step of 0.2 is 0.2% of the effort."""
+
+
+def max_effort(task: Task) -> float:
+    """The largest actuator force or torque, the unit of the friction search: a motor's gear × control limit, a
+    position servo's force limit (its control range is an angle, not an effort)."""
+    return float(peak_forces(task.model).max())
+
+
+class Search:
+    """The CMA-ES search space: log-scales for ``LOG_SCALED``, a normalized fraction for friction."""
+
+    def __init__(self, task: Task, prior: PhysicalParams) -> None:
+        self.prior, self.friction_unit = prior, FRICTION_RANGE * max_effort(task)
+        self.bounds = np.array([np.log([0.2, 5.0])] * len(LOG_SCALED) + [[0.0, 1.0]])
+        self.start = np.array([0.0] * len(LOG_SCALED) + [0.05])
+
+    def params(self, x: np.ndarray, latency: int) -> PhysicalParams:
+        scales = {name: getattr(self.prior, name) * float(np.exp(v)) for name, v in zip(LOG_SCALED, x)}
+        return self.prior.model_copy(update={**scales, "friction": float(x[-1]) * self.friction_unit,
+                                             "latency_steps": latency})
+
+    def point(self, params: PhysicalParams) -> np.ndarray:
+        """The search point of ``params`` (the inverse of ``params``)."""
+        return np.r_[[np.log(getattr(params, n) / getattr(self.prior, n)) for n in LOG_SCALED],
+                     params.friction / self.friction_unit]
+
+    def named(self, box: np.ndarray) -> dict[str, tuple[float, float]]:
+        """(d, 2) search-space intervals as parameter values, by name."""
+        values = [getattr(self.prior, n) * np.exp(box[i]) for i, n in enumerate(LOG_SCALED)]
+        return {n: (float(lo), float(hi)) for n, (lo, hi) in zip(FITTED, [*values, box[-1] * self.friction_unit])}
+
+
+def fit_global(replayer: Replayer, search: Search, latency: int, generations: int, cfg: CalibrateConfig,
+         optimizer: CMA | None = None) -> tuple[CMA, float]:
+    """Run (or continue) CMA-ES for one latency; return the optimizer and the best error seen."""
+    optimizer = optimizer or CMA(mean=search.start, sigma=0.3, bounds=search.bounds, population_size=cfg.population,
+                                 seed=cfg.seed)
+    best = np.inf
+    for _ in range(generations):
+        xs = [optimizer.ask() for _ in range(optimizer.population_size)]
+        errs = replayer.errors([search.params(x, latency) for x in xs])
+        optimizer.tell(list(zip(xs, errs.tolist())))
+        best = min(best, float(errs.min()))
+    return optimizer, best
+
+
+class JointSearch:
+    """The per-joint search space, per unit (an actuated joint, or one group of ``CalibrateConfig.groups``):
+    log-multipliers on damping and on the gain of the actuators driving it, and its friction in units of
+    ``JOINT_FRICTION_UNIT`` × max effort, up to ``FRICTION_RANGE`` × max effort (started at the global fit's)."""
+
+    def __init__(self, task: Task, fitted: PhysicalParams, groups: dict[str, tuple[str, ...]]) -> None:
+        model = task.model
+        dofs = np.flatnonzero(actuated_dofs(model))
+        actuated = [str(model.joint(j).name) for j in range(model.njnt) if model.jnt_dofadr[j] in dofs]
+        grouped = {j for joints in groups.values() for j in joints}
+        if unknown := grouped - set(actuated):
+            raise ValueError(f"groups name joints that are not actuated joints of {task.name}: {sorted(unknown)}")
+        self.units = {**{g: tuple(j) for g, j in groups.items()}, **{j: (j,) for j in actuated if j not in grouped}}
+        drives = {a: str(model.joint(model.actuator_trnid[i, 0]).name) for i, a in enumerate(actuator_names(model))
+                  if model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT}
+        self.actuators = {u: tuple(a for a, j in drives.items() if j in joints) for u, joints in self.units.items()}
+        self.fitted, self.friction_unit, n = fitted, JOINT_FRICTION_UNIT * max_effort(task), len(self.units)
+        self.bounds = np.array([np.log([0.2, 5.0])] * 2 * n + [[0.0, FRICTION_RANGE / JOINT_FRICTION_UNIT]] * n)
+        self.start = np.r_[np.zeros(2 * n), np.full(n, fitted.friction / self.friction_unit)]
+
+    def params(self, x: np.ndarray) -> PhysicalParams:
+        n = len(self.units)
+        damping, gain, friction = (dict(zip(self.units, map(float, v))) for v in (np.exp(x[:n]), np.exp(x[n : 2 * n]),
+                                                                                  x[2 * n :] * self.friction_unit))
+        return self.fitted.model_copy(update={
+            "damping_by_joint": {j: v for u, v in damping.items() for j in self.units[u]},
+            "gain_by_actuator": {a: v for u, v in gain.items() for a in self.actuators[u]},
+            "friction_by_joint": {j: v for u, v in friction.items() for j in self.units[u]}})
+
+    def point(self, params: PhysicalParams) -> np.ndarray:
+        """The search point of ``params`` (the inverse of ``params``; each unit read at its first joint)."""
+        units = self.units.values()
+        return np.r_[[np.log(params.damping_by_joint[j[0]]) for j in units],
+                     [np.log(params.gain_by_actuator[a[0]]) for a in self.actuators.values()],
+                     [params.friction_by_joint[j[0]] / self.friction_unit for j in units]]
+
+    def named(self, box: np.ndarray) -> dict[str, tuple[float, float]]:
+        """(d, 2) search-space intervals as per-joint values (multipliers, friction), by ``<field>.<name>``."""
+        n, pair = len(self.units), lambda v: (float(v[0]), float(v[1]))  # noqa: E731
+        damping, gain, friction = np.exp(box[:n]), np.exp(box[n : 2 * n]), box[2 * n :] * self.friction_unit
+        return {**{f"damping_by_joint.{j}": pair(damping[i]) for i, u in enumerate(self.units) for j in self.units[u]},
+                **{f"gain_by_actuator.{a}": pair(gain[i]) for i, u in enumerate(self.units) for a in self.actuators[u]},
+                **{f"friction_by_joint.{j}": pair(friction[i]) for i, u in enumerate(self.units) for j in self.units[u]}}
+
+    def prior_weights(self, replayer: Replayer, cfg: CalibrateConfig, noise: float) -> np.ndarray:
+        """Per coordinate, the weight of its Gaussian prior in the per-joint objective (0: none): with residuals of std
+        ``noise`` (the sensor noise estimate), mse + noise² · |x|² / (prior_width² · n) is the MAP objective, counting
+        n = windows × replayed joints of them as independent (steps within a window are correlated)."""
+        weight = noise**2 / (cfg.prior_width**2 * len(replayer.win.start) * len(replayer.joints))
+        return np.r_[np.full(2 * len(self.units), weight), np.zeros(len(self.units))]
+
+
+def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> PhysicalParams:
+    """CMA-ES on the per-joint values x, minimising the replay MSE plus a Gaussian prior on the log-multipliers
+    around the global fit (``JointSearch.prior_weights``). Returns the search's mean, or the global fit where that scores
+    better."""
+    weight = search.prior_weights(replayer, cfg, noise)
+    dim = len(search.bounds)
+    optimizer = CMA(mean=search.start, sigma=min(0.2, cfg.prior_width), bounds=search.bounds, seed=cfg.seed,
+                    population_size=max(cfg.population, 4 + int(3 * np.log(dim))))
+    def scores(xs: list[np.ndarray]) -> list[float]:
+        errs = replayer.errors([search.params(x) for x in xs])
+        return [float(e**2 + weight @ x**2) for x, e in zip(xs, errs)]
+
+    for _ in range(cfg.joint_generations):
+        xs = [optimizer.ask() for _ in range(optimizer.population_size)]
+        optimizer.tell(list(zip(xs, scores(xs))))
+    mean, start = scores([optimizer.mean, search.start])
+    return search.params(optimizer.mean if mean <= start else search.start)
