@@ -1,0 +1,79 @@
+"""``sim2edge evaluate --hil``: a real signed bundle served by a real ``sim2edge-agent run``, the CLI as a user runs it.
+
+The device and the bundle are tests/test_hil.py's linear cart-pole balancer; episodes are cut to 60 steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from stages.twin.relay import Impairment, Relay
+from tests.test_hil import SEED, STEPS, cartpole_store, serve, stop
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(bundle, trusted key, device address, workspace) with the agent serving the bundle."""
+    tmp = tmp_path_factory.mktemp("hil-evaluate")
+    root, _ = cartpole_store(tmp)
+    proc, address = serve(root, "udp://127.0.0.1:0")
+    (tmp / "home").mkdir()  # the workspace (sim2edge up makes it)
+    yield tmp / "b.tar", tmp / "k.pub", address, tmp
+    stop(proc)
+
+
+def evaluate(served, device: str, *extra: str):
+    bundle, pub, _, tmp = served
+    args = ["evaluate", "--bundle", str(bundle), "--trust", str(pub), "--hil", device, "--episodes", "2",
+            "--max-steps", str(STEPS), "--seed", str(SEED), *extra]
+    return CliRunner().invoke(app, args, env={"SIM2EDGE_HOME": str(tmp / "home"), "COLUMNS": "220"})
+
+
+def test_clean_link_passes_the_hil_floors_beside_in_process(served, tmp_path):
+    out = tmp_path / "hil.json"
+    done = evaluate(served, served[2], "--scenario", "nominal", "--scenario", "gain-15%", "--out", str(out))
+    assert done.exit_code == 0, done.output
+    assert "HIL gate pass 4/4" in done.output and "gain-15%" in done.output and "damping" not in done.output
+    doc = json.loads(out.read_text())
+    assert doc["passed"] and [r["scenario"] for r in doc["scenarios"]] == ["nominal", "gain-15%"]
+    for r in doc["scenarios"]:
+        base, hil = r["in_process"], r["hil"]
+        assert hil["episodes"] == 2 and hil["steps"] == 2 * STEPS and hil["falls"] == base["falls"] == 0
+        assert hil["mean_return"] == pytest.approx(base["mean_return"], rel=0.05)
+        assert hil["deadline_misses"] == hil["late_actions"] + hil["lost_actions"]
+        assert hil["rtt_ms_p50"] <= hil["rtt_ms_p99"] <= hil["rtt_ms_max"]
+        assert r["device"]["observations"] >= hil["steps"]  # the device's own counters, grown over the scenario
+    assert doc["round_trip_ms_p99"] < doc["period_s"] * 1e3 and doc["paired_difference_ci95"][0] > -1.0
+
+
+def test_delay_beyond_the_period_fails_the_hil_gate_naming_the_clauses(served, tmp_path):
+    with Relay(served[2], Impairment(delay_s=0.025), Impairment(), seed=1) as relay:
+        done = evaluate(served, relay.address, "--scenario", "nominal", "--out", str(tmp_path / "hil.json"))
+    assert done.exit_code == 1, done.output
+    verdict = next(line for line in done.output.splitlines() if line.startswith("HIL gate "))
+    assert verdict.startswith("HIL gate FAIL 2/3: "), verdict
+    assert "nominal HIL deadline-miss fraction" in verdict and "HIL round-trip p99" in verdict
+    assert "paired return" not in verdict  # the balancer survives a late action: only the failing clauses are named
+    assert not json.loads((tmp_path / "hil.json").read_text())["passed"]
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:9", "udp://127.0.0.1:port", "udp://:9", "unix://"])
+def test_a_bad_address_is_refused_in_one_line(served, address):
+    done = evaluate(served, address)
+    assert done.exit_code == 2 and isinstance(done.exception, (SystemExit, type(None))), done.output
+    assert done.output.strip().count("\n") == 0 and address in done.output and "Traceback" not in done.output
+
+
+def test_an_unknown_scenario_is_refused_naming_it(served):
+    done = evaluate(served, served[2], "--scenario", "nope")
+    assert done.exit_code == 2 and "'nope' is not in the suite" in done.output, done.output
+
+
+def test_a_silent_device_is_refused_naming_it(served, tmp_path: Path):
+    done = evaluate(served, f"unix://{tmp_path}/nobody.sock", "--scenario", "nominal")
+    assert done.exit_code == 2 and "nobody.sock" in done.output and "Traceback" not in done.output, done.output
