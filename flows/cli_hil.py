@@ -56,7 +56,7 @@ def run_hil_suite(cfg, onnx: Path, task: str, params, label: str, out: Path) -> 
     console.print(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report.to_json())
-    console.print(f"HIL gate {verdict(report.checks)}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"HIL gate {verdict(report.checks, width=240)}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"result {out}", markup=False, highlight=False, soft_wrap=True)
     if not report.passed:
         raise typer.Exit(1)

@@ -174,7 +174,7 @@ def evaluate(
     trust: Optional[Path] = typer.Option(None, help="Public key for --bundle (default: the workspace's)."),
     twin: Optional[Path] = typer.Option(None, help="twin.json (default: the version's own twin; nominal for a bundle)."),
     suite: Optional[Path] = typer.Option(None, help="Scenario suite file (default: the task's)."),
-    episodes: Optional[int] = typer.Option(None, help="Episodes per scenario (default: the suite's)."),
+    episodes: Optional[int] = typer.Option(None, help="Episodes per scenario (default: the suite's; 4 with --hil)."),
     seed: int = typer.Option(1000),
     video: bool = typer.Option(True, help="Render the nominal and worst episodes into the report."),
     hil: Optional[str] = typer.Option(None, help="Hardware-in-the-loop: the device serving this policy "

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from stages.twin.relay import Impairment, Relay
+from tests.test_evaluate import LATENCY_FRAGILE
 from tests.test_hil import SEED, STEPS, cartpole_store, serve, stop
 
 
@@ -27,10 +28,10 @@ def served(tmp_path_factory):
     stop(proc)
 
 
-def evaluate(served, device: str, *extra: str):
+def evaluate(served, device: str, *extra: str, steps: int = STEPS):
     bundle, pub, _, tmp = served
     args = ["evaluate", "--bundle", str(bundle), "--trust", str(pub), "--hil", device, "--episodes", "2",
-            "--max-steps", str(STEPS), "--seed", str(SEED), *extra]
+            "--max-steps", str(steps), "--seed", str(SEED), *extra]
     return CliRunner().invoke(app, args, env={"SIM2EDGE_HOME": str(tmp / "home"), "COLUMNS": "220"})
 
 
@@ -60,6 +61,24 @@ def test_delay_beyond_the_period_fails_the_hil_gate_naming_the_clauses(served, t
     assert "nominal HIL deadline-miss fraction" in verdict and "HIL round-trip p99" in verdict
     assert "paired return" not in verdict  # the balancer survives a late action: only the failing clauses are named
     assert not json.loads((tmp_path / "hil.json").read_text())["passed"]
+
+
+def test_latency_fragile_policy_fails_on_returns_behind_a_period_of_round_trip(tmp_path):
+    """tests/test_evaluate.py's fragile balancer, 10 ms each way: it falls over HIL, not in-process."""
+    root, _ = cartpole_store(tmp_path, LATENCY_FRAGILE)
+    (tmp_path / "home").mkdir()
+    proc, address = serve(root, "udp://127.0.0.1:0")
+    try:
+        with Relay(address, Impairment(delay_s=0.01), seed=2) as relay:
+            done = evaluate((tmp_path / "b.tar", tmp_path / "k.pub", address, tmp_path), relay.address,
+                            "--scenario", "nominal", "--out", str(tmp_path / "hil.json"), steps=100)
+    finally:
+        stop(proc)
+    assert done.exit_code == 1, done.output
+    verdict = next(line for line in done.output.splitlines() if line.startswith("HIL gate FAIL"))
+    assert "HIL vs in-process paired return difference" in verdict, verdict
+    row = json.loads((tmp_path / "hil.json").read_text())["scenarios"][0]
+    assert row["in_process"]["falls"] == 0 and row["hil"]["falls"] > 0, row
 
 
 @pytest.mark.parametrize("address", ["tcp://127.0.0.1:9", "udp://127.0.0.1:port", "udp://:9", "unix://"])

@@ -118,7 +118,7 @@ def hil_checks(gate: HilGateConfig, rows: list[dict], rtt_p99_ms: float, period_
     budget_ms = gate.max_round_trip_fraction * period_s * 1e3
     checks.append(Check(name="HIL round-trip p99", passed=rtt_p99_ms < budget_ms,
                         detail=f"{rtt_p99_ms:.1f} ms < {budget_ms:.1f} ms"))
-    checks.append(Check(name="HIL vs in-process, paired return difference lower 95% bound",
+    checks.append(Check(name="HIL vs in-process paired return difference lower 95% bound",
                         passed=paired_low >= -gate.return_margin, detail=f"{paired_low:.1f} >= -{gate.return_margin}"))
     return checks
 
