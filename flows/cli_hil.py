@@ -30,16 +30,17 @@ def _ci(values: list[float], fmt: str) -> str:
     return f"[{values[0]:{fmt}}, {values[1]:{fmt}}]"
 
 
-def run_hil_suite(cfg, onnx: Path, task: str, params, label: str, out: Path) -> None:
+def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params, label: str, out: Path) -> None:
     """Run, print the side-by-side table and the verdict line, write ``out``; exit 1 when the gate fails."""
-    from stages.twin.hil_evaluate import HilGateConfig, hil_evaluate
+    from stages.twin.hil_evaluate import hil_evaluate, load_gate
 
     try:
         cfg.select(task)
+        gate = load_gate(gate_file)
     except ValueError as e:
         fail(str(e))
     try:
-        report = hil_evaluate(cfg, HilGateConfig(), onnx, task, params)
+        report = hil_evaluate(cfg, gate, onnx, task, params)
     except OSError as e:
         fail(f"--hil {cfg.device}: {e}")
     table = Table("scenario", "success in-proc", "success HIL", "return in-proc (95%)", "return HIL (95%)",

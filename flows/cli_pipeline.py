@@ -183,6 +183,8 @@ def evaluate(
     max_steps: Optional[int] = typer.Option(None, min=1, help="With --hil: control steps per episode "
                                                                "(default: the task's)."),
     out: Optional[Path] = typer.Option(None, help="With --hil: the JSON result file (default: under the workspace)."),
+    hil_gate: Optional[Path] = typer.Option(None, help="With --hil: YAML of HIL gate floors (HilGateConfig's keys) "
+                                                       "over the defaults."),
 ) -> None:
     """Run the scenario suite on a registered version or a bundle; log the report to MLflow and print the gate.
 
@@ -231,7 +233,7 @@ def evaluate(
     if hil is not None:
         from flows.cli_hil import run_hil_suite
 
-        return run_hil_suite(hil_cfg, onnx, task, spec.params, label, out or ws.home / "evaluations" /
+        return run_hil_suite(hil_cfg, hil_gate, onnx, task, spec.params, label, out or ws.home / "evaluations" /
                              f"hil-{time.strftime('%Y%m%d-%H%M%S')}.json")
     exported = ExportedPolicy(path=onnx, digest=bundle_format.sha256_path(onnx), task=task, opset=0,
                               parity_max_abs_error=0.0, golden=onnx)

@@ -63,6 +63,16 @@ def test_delay_beyond_the_period_fails_the_hil_gate_naming_the_clauses(served, t
     assert not json.loads((tmp_path / "hil.json").read_text())["passed"]
 
 
+def test_gate_floors_come_from_a_file(served, tmp_path):
+    strict = tmp_path / "gate.yaml"
+    strict.write_text("max_round_trip_fraction: 0.01\n")
+    done = evaluate(served, served[2], "--scenario", "nominal", "--hil-gate", str(strict), "--out", str(tmp_path / "r.json"))
+    assert done.exit_code == 1 and "HIL gate FAIL 1/3: HIL round-trip p99" in done.output, done.output
+    strict.write_text("max_misses: 3\n")
+    done = evaluate(served, served[2], "--hil-gate", str(strict))
+    assert done.exit_code == 2 and "max_misses: Extra inputs are not permitted" in done.output, done.output
+
+
 def test_latency_fragile_policy_fails_on_returns_behind_a_period_of_round_trip(tmp_path):
     """tests/test_evaluate.py's fragile balancer, 10 ms each way: it falls over HIL, not in-process."""
     root, _ = cartpole_store(tmp_path, LATENCY_FRAGILE)

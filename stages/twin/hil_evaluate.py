@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from edge.runtime import OnnxRuntime
 from stages.sim.env import BatchedEnv
@@ -44,6 +45,20 @@ class HilGateConfig(BaseModel):
                                  "bound of the mean paired return difference (HIL − in-process) must be ≥ −margin.")
 
 
+def load_gate(path: Optional[Path]) -> HilGateConfig:
+    """The HIL gate of a YAML file of HilGateConfig's keys (None: the defaults); ValueError in one line naming it."""
+    if path is None:
+        return HilGateConfig()
+    try:
+        return HilGateConfig(**(yaml.safe_load(path.read_text()) or {}))
+    except (OSError, yaml.YAMLError, TypeError) as e:
+        raise ValueError(f"HIL gate {path}: {str(e).splitlines()[0]}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"HIL gate {path}: {'.'.join(map(str, err['loc']))}: {err['msg']} "
+                         f"(allowed: {', '.join(HilGateConfig.model_fields)})") from None
+
+
 class HilSuiteConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     device: str = Field(description="The device's address: udp://HOST:PORT or unix:///PATH.")
@@ -54,8 +69,11 @@ class HilSuiteConfig(BaseModel):
     suite: Optional[Path] = Field(None, description="Scenario suite file (None: the task's own, else the default).")
     scenarios: tuple[str, ...] = Field((), description="Run only these scenarios of the suite (empty: all).")
 
-    def model_post_init(self, _: object) -> None:
-        parse_address(self.device)
+    @field_validator("device")
+    @classmethod
+    def _address(cls, device: str) -> str:
+        parse_address(device)
+        return device
 
     def select(self, task_ref: str) -> tuple[Scenario, ...]:
         """The suite's scenarios to run; an unknown name raises ValueError naming it and the suite's."""
