@@ -175,12 +175,28 @@ def evaluate(
     trust: Optional[Path] = typer.Option(None, help="Public key for --bundle (default: the workspace's)."),
     twin: Optional[Path] = typer.Option(None, help="twin.json (default: the version's own twin; nominal for a bundle)."),
     suite: Optional[Path] = typer.Option(None, help="Scenario suite file (default: the task's)."),
-    episodes: Optional[int] = typer.Option(None, help="Episodes per scenario (default: the suite's)."),
+    episodes: Optional[int] = typer.Option(None, help="Episodes per scenario (default: the suite's; 4 with --hil)."),
     seed: int = typer.Option(1000),
     video: bool = typer.Option(True, help="Render the nominal and worst episodes into the report."),
+    hil: Optional[str] = typer.Option(None, help="Hardware-in-the-loop: the device serving this policy "
+                                                 "(sim2edge-agent run), udp://HOST:PORT or unix:///PATH."),
+    scenario: list[str] = typer.Option([], "--scenario", help="With --hil: run only this scenario (repeatable)."),
+    max_steps: Optional[int] = typer.Option(None, min=1, help="With --hil: control steps per episode "
+                                                               "(default: the task's)."),
+    out: Optional[Path] = typer.Option(None, help="With --hil: the JSON result file (default: under the workspace)."),
+    hil_gate: Optional[Path] = typer.Option(None, help="With --hil: YAML of HIL gate floors (HilGateConfig's keys) "
+                                                       "over the defaults."),
 ) -> None:
-    """Run the scenario suite on a registered version or a bundle; log the report to MLflow and print the gate."""
+    """Run the scenario suite on a registered version or a bundle; log the report to MLflow and print the gate.
+
+    With --hil the suite runs in real time against the device and in-process on the same seeds, side by side,
+    under the HIL gate (deadline misses, round trip, return non-inferior to in-process)."""
     import tempfile
+
+    if hil is not None:
+        from flows.cli_hil import hil_config
+
+        hil_cfg = hil_config(hil, episodes, seed, max_steps, suite, scenario)
 
     from edge import bundle as bundle_format, signing
     from edge.errors import CheckFailed
@@ -215,6 +231,11 @@ def evaluate(
         twin = twin or lineage.stage_artifact(client, version, "calibrate", "twin/twin.json", work / "twin")
         task, label = version_task(version), f"{name} v{version.version}"
     spec = twin_from_file(twin, task)
+    if hil is not None:
+        from flows.cli_hil import run_hil_suite
+
+        return run_hil_suite(hil_cfg, hil_gate, onnx, task, spec.params, label, out or ws.home / "evaluations" /
+                             f"hil-{time.strftime('%Y%m%d-%H%M%S')}.json")
     exported = ExportedPolicy(path=onnx, digest=bundle_format.sha256_path(onnx), task=task, opset=0,
                               parity_max_abs_error=0.0, golden=onnx)
     cfg = EvalConfig(episodes=episodes, seed=seed, suite=suite, video=video)

@@ -94,3 +94,18 @@ def test_latency_randomized_per_environment_delays_each_by_its_own_steps():
     assert np.array_equal(again.latency, BatchedEnv(task, 64, params=PhysicalParams(latency_steps=1),
                                                     randomization=ranges, seed=3).latency)
     assert sample_params(PhysicalParams(), Randomization(), np.random.default_rng(0)).latency_steps == 0
+
+
+def test_per_substep_actions_take_effect_from_their_substep():
+    task = registry.load("cartpole")
+    held, stepped, switched = (BatchedEnv(task, 2, seed=4) for _ in range(3))
+    action = np.array([[0.6], [-0.3]], np.float32)
+    a = held.step(action)
+    b = stepped.step(action, substeps=np.repeat(action[:, None], task.decimation, axis=1))
+    assert np.array_equal(a.obs, b.obs) and np.array_equal(a.reward, b.reward)
+    late = np.zeros((2, task.decimation, 1), np.float32)
+    late[:, -1] = action  # the action arrives in the period's last substep
+    c = switched.step(action, substeps=late)
+    assert not np.allclose(c.qpos, a.qpos) and np.array_equal(switched.last_action, held.last_action)
+    with pytest.raises(ValueError, match="latency_steps 0, this env has 1"):
+        BatchedEnv(task, 2, params=PhysicalParams(latency_steps=1)).step(action, substeps=late)

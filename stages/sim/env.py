@@ -220,12 +220,20 @@ class BatchedEnv:
         """Actuator controls that ``step(action)`` will apply."""
         return self._controls(self._push(action))
 
-    def step(self, action: np.ndarray) -> StepResult:
-        """Hold ``action`` (N, nu) for one control period, then compute terms and auto-reset."""
+    def step(self, action: np.ndarray, substeps: np.ndarray | None = None) -> StepResult:
+        """Hold ``action`` (N, nu) for one control period, then compute terms and auto-reset.
+
+        ``substeps`` (N, decimation, nu): normalized actions applied physics substep by substep instead
+        of holding ``action`` (an actuator that takes a command mid-period, as in hardware-in-the-loop);
+        ``action`` is still the period's action (action queue, reward, ``last_action``). Only without
+        action latency: the substep profile is the action in effect, not one to delay."""
+        if substeps is not None and self.latency.any():
+            raise ValueError(f"per-substep actions need latency_steps 0, this env has {int(self.latency.max())}")
         self._push(action, out=self._action_queue)
         history = {"last_action": self.last_action.copy()} if self.task.action_history else {}
         self.last_action[:] = self._action_queue[0]
-        self._control[:, :, : self.nu] = self._controls(self._action_queue)[:, None, :]
+        self._control[:, :, : self.nu] = (self._controls(self._action_queue)[:, None, :] if substeps is None else
+                                          self.task.action_default + self.task.action_scale * np.clip(substeps, -1, 1))
         if self.disturbance.push:
             self._control[:, :, self.nu : self._mocap_cols.start] = self._push_forces()[:, None, :]
         if self.task.mocap:

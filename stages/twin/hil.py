@@ -122,18 +122,6 @@ def twin_env(task: Task, scenario: Scenario, params: PhysicalParams, seed: int, 
     return BatchedEnv(task, n, params=shifted, seed=seed, nthread=1, disturbance=scenario.disturbance)
 
 
-class _HeldRow:
-    """Stands in for the environment's rollout pool: one row's controls are given per physics substep."""
-
-    def __init__(self, pool: object, row: int, nu: int) -> None:
-        self.pool, self.row, self.nu = pool, row, nu
-        self.controls = np.zeros((0, nu))
-
-    def rollout(self, models, datas, initial_state, control, **kw) -> None:
-        control[self.row, :, : self.nu] = self.controls
-        self.pool.rollout(models, datas, initial_state, control, **kw)
-
-
 def substep_actions(current: np.ndarray, changes: list[tuple[int, np.ndarray]],
                     substeps: int) -> tuple[np.ndarray, np.ndarray]:
     """Piecewise-constant actions of one period: ``current`` until each (substep, action) change, in order.
@@ -176,9 +164,7 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
              grace_s: float) -> tuple[HilEpisode, int]:
     """Row ``row`` of ``env`` in real time, the other rows idle; returns the episode and the next seq."""
     task, period, substep = env.task, env.task.ctrl_dt, env.task.model.opt.timestep
-    held = _HeldRow(env._pool, row, env.nu)
-    env._pool = held  # the env steps its physics through this pool: the row's substep controls come from the link
-    idle = np.zeros((env.num_envs, env.nu), np.float32)
+    idle = np.zeros((env.num_envs, task.decimation, env.nu), np.float32)  # the other rows hold a zero action
     deadline: dict[int, float] = {}  # seq → the end of its period
     on_time, arrived = set(), set()
     counts = dict(duplicate_actions=0, stale_actions=0, watchdog_actions=0, device_late=0, host_overruns=0)
@@ -226,10 +212,9 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
         changes = pending + take(link.receive(t + period, awaited=seq), t)
         seq, pending = seq + 1, []
         per_substep, current = substep_actions(current, changes, task.decimation)
-        held.controls = task.action_default + task.action_scale * per_substep
-        action = idle.copy()
-        action[row] = per_substep[-1]
-        r = env.step(action)
+        substeps = idle.copy()
+        substeps[row] = per_substep
+        r = env.step(substeps[:, -1], substeps=substeps)
         steps = k + 1
         if r.done[row]:
             i = list(np.flatnonzero(r.done)).index(row)

@@ -25,8 +25,10 @@ def parse_address(address: str) -> tuple[int, object]:
     """``udp://HOST:PORT`` or ``unix:///PATH`` → (socket family, peer address)."""
     if address.startswith("udp://"):
         host, _, port = address[6:].rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"device address {address!r} must be udp://HOST:PORT with a port in 0..65535")
         return socket.AF_INET, (host, int(port))
-    if address.startswith("unix://"):
+    if address.startswith("unix://") and len(address) > 7:
         return socket.AF_UNIX, address[7:]
     raise ValueError(f"device address {address!r} must be udp://HOST:PORT or unix:///PATH")
 

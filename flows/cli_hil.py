@@ -1,0 +1,63 @@
+"""``sim2edge evaluate --hil``: the suite against a device in real time, beside in-process, and the HIL gate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from flows.cli_output import console, fail
+from flows.gate import verdict
+
+
+def hil_config(device: str, episodes: Optional[int], seed: int, max_steps: Optional[int], suite: Optional[Path],
+               scenarios: list[str]):
+    """The run's configuration; a bad address is refused in one line before anything runs."""
+    from stages.twin.hil_evaluate import HilSuiteConfig
+    from stages.twin.hil_link import parse_address
+
+    try:
+        parse_address(device)
+    except ValueError as e:
+        fail(f"--hil: {e}")
+    return HilSuiteConfig(device=device, seed=seed, max_steps=max_steps, suite=suite, scenarios=tuple(scenarios),
+                          **({"episodes": episodes} if episodes else {}))
+
+
+def _ci(values: list[float], fmt: str) -> str:
+    return f"[{values[0]:{fmt}}, {values[1]:{fmt}}]"
+
+
+def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params, label: str, out: Path) -> None:
+    """Run, print the side-by-side table and the verdict line, write ``out``; exit 1 when the gate fails."""
+    from stages.twin.hil_evaluate import hil_evaluate, load_gate
+
+    try:
+        cfg.select(task)
+        gate = load_gate(gate_file)
+    except ValueError as e:
+        fail(str(e))
+    try:
+        report = hil_evaluate(cfg, gate, onnx, task, params)
+    except OSError as e:
+        fail(f"--hil {cfg.device}: {e}")
+    table = Table("scenario", "success in-proc", "success HIL", "return in-proc (95%)", "return HIL (95%)",
+                  "misses", "late", "lost", "RTT p50/p99/max ms", "device act p99 µs",
+                  title=f"{label}: in-process vs HIL at {cfg.device} ({cfg.episodes} episodes, seed {cfg.seed})")
+    for r in report.scenarios:
+        base, hil, dev = r["in_process"], r["hil"], r["device"] or {}
+        table.add_row(r["scenario"], f"{base['success_rate']:.2f}", f"{hil['success_rate']:.2f}",
+                      f"{base['mean_return']:.1f} {_ci(base['mean_return_ci95'], '.1f')}",
+                      f"{hil['mean_return']:.1f} {_ci(hil['mean_return_ci95'], '.1f')}",
+                      f"{hil['deadline_misses']}/{hil['steps']}", str(hil["late_actions"]), str(hil["lost_actions"]),
+                      f"{hil['rtt_ms_p50']:.1f}/{hil['rtt_ms_p99']:.1f}/{hil['rtt_ms_max']:.1f}",
+                      str(dev.get("act_p99_us", "-")))
+    console.print(table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report.to_json())
+    console.print(f"HIL gate {verdict(report.checks, width=240)}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"result {out}", markup=False, highlight=False, soft_wrap=True)
+    if not report.passed:
+        raise typer.Exit(1)

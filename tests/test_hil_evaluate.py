@@ -1,0 +1,108 @@
+"""``sim2edge evaluate --hil``: a real signed bundle served by a real ``sim2edge-agent run``, the CLI as a user runs it.
+
+The device and the bundle are tests/test_hil.py's linear cart-pole balancer; episodes are cut to 60 steps.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from stages.twin.relay import Impairment, Relay
+from tests.test_evaluate import LATENCY_FRAGILE
+from tests.test_hil import SEED, STEPS, cartpole_store, serve, stop
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(bundle, trusted key, device address, workspace) with the agent serving the bundle."""
+    tmp = tmp_path_factory.mktemp("hil-evaluate")
+    root, _ = cartpole_store(tmp)
+    proc, address = serve(root, "udp://127.0.0.1:0")
+    (tmp / "home").mkdir()  # the workspace (sim2edge up makes it)
+    yield tmp / "b.tar", tmp / "k.pub", address, tmp
+    stop(proc)
+
+
+def evaluate(served, device: str, *extra: str, steps: int = STEPS):
+    bundle, pub, _, tmp = served
+    args = ["evaluate", "--bundle", str(bundle), "--trust", str(pub), "--hil", device, "--episodes", "2",
+            "--max-steps", str(steps), "--seed", str(SEED), *extra]
+    return CliRunner().invoke(app, args, env={"SIM2EDGE_HOME": str(tmp / "home"), "COLUMNS": "220"})
+
+
+def test_clean_link_passes_the_hil_floors_beside_in_process(served, tmp_path):
+    out = tmp_path / "hil.json"
+    done = evaluate(served, served[2], "--scenario", "nominal", "--scenario", "gain-15%", "--out", str(out))
+    assert done.exit_code == 0, done.output
+    assert "HIL gate pass 4/4" in done.output and "gain-15%" in done.output and "damping" not in done.output
+    doc = json.loads(out.read_text())
+    assert doc["passed"] and [r["scenario"] for r in doc["scenarios"]] == ["nominal", "gain-15%"]
+    for r in doc["scenarios"]:
+        base, hil = r["in_process"], r["hil"]
+        assert hil["episodes"] == 2 and hil["steps"] == 2 * STEPS and hil["falls"] == base["falls"] == 0
+        assert hil["mean_return"] == pytest.approx(base["mean_return"], rel=0.05)
+        assert hil["deadline_misses"] == hil["late_actions"] + hil["lost_actions"]
+        assert hil["rtt_ms_p50"] <= hil["rtt_ms_p99"] <= hil["rtt_ms_max"]
+        assert r["device"]["observations"] >= hil["steps"]  # the device's own counters, grown over the scenario
+    assert doc["round_trip_ms_p99"] < doc["period_s"] * 1e3 and doc["paired_difference_ci95"][0] > -1.0
+
+
+def test_delay_beyond_the_period_fails_the_hil_gate_naming_the_clauses(served, tmp_path):
+    with Relay(served[2], Impairment(delay_s=0.025), Impairment(), seed=1) as relay:
+        done = evaluate(served, relay.address, "--scenario", "nominal", "--out", str(tmp_path / "hil.json"))
+    assert done.exit_code == 1, done.output
+    verdict = next(line for line in done.output.splitlines() if line.startswith("HIL gate "))
+    assert verdict.startswith("HIL gate FAIL 2/3: "), verdict
+    assert "nominal HIL deadline-miss fraction" in verdict and "HIL round-trip p99" in verdict
+    assert "paired return" not in verdict  # the balancer survives a late action: only the failing clauses are named
+    assert not json.loads((tmp_path / "hil.json").read_text())["passed"]
+
+
+def test_gate_floors_come_from_a_file(served, tmp_path):
+    strict = tmp_path / "gate.yaml"
+    strict.write_text("max_round_trip_fraction: 0.01\n")
+    done = evaluate(served, served[2], "--scenario", "nominal", "--hil-gate", str(strict), "--out", str(tmp_path / "r.json"))
+    assert done.exit_code == 1 and "HIL gate FAIL 1/3: HIL round-trip p99" in done.output, done.output
+    strict.write_text("max_misses: 3\n")
+    done = evaluate(served, served[2], "--hil-gate", str(strict))
+    assert done.exit_code == 2 and "max_misses: Extra inputs are not permitted" in done.output, done.output
+
+
+def test_latency_fragile_policy_fails_on_returns_behind_a_period_of_round_trip(tmp_path):
+    """tests/test_evaluate.py's fragile balancer, 10 ms each way: it falls over HIL, not in-process."""
+    root, _ = cartpole_store(tmp_path, LATENCY_FRAGILE)
+    (tmp_path / "home").mkdir()
+    proc, address = serve(root, "udp://127.0.0.1:0")
+    try:
+        with Relay(address, Impairment(delay_s=0.01), seed=2) as relay:
+            done = evaluate((tmp_path / "b.tar", tmp_path / "k.pub", address, tmp_path), relay.address,
+                            "--scenario", "nominal", "--out", str(tmp_path / "hil.json"), steps=100)
+    finally:
+        stop(proc)
+    assert done.exit_code == 1, done.output
+    verdict = next(line for line in done.output.splitlines() if line.startswith("HIL gate FAIL"))
+    assert "HIL vs in-process paired return difference" in verdict, verdict
+    row = json.loads((tmp_path / "hil.json").read_text())["scenarios"][0]
+    assert row["in_process"]["falls"] == 0 and row["hil"]["falls"] > 0, row
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:9", "udp://127.0.0.1:port", "udp://:9", "unix://"])
+def test_a_bad_address_is_refused_in_one_line(served, address):
+    done = evaluate(served, address)
+    assert done.exit_code == 2 and isinstance(done.exception, (SystemExit, type(None))), done.output
+    assert done.output.strip().count("\n") == 0 and address in done.output and "Traceback" not in done.output
+
+
+def test_an_unknown_scenario_is_refused_naming_it(served):
+    done = evaluate(served, served[2], "--scenario", "nope")
+    assert done.exit_code == 2 and "'nope' is not in the suite" in done.output, done.output
+
+
+def test_a_silent_device_is_refused_naming_it(served, tmp_path: Path):
+    done = evaluate(served, f"unix://{tmp_path}/nobody.sock", "--scenario", "nominal")
+    assert done.exit_code == 2 and "nobody.sock" in done.output and "Traceback" not in done.output, done.output
