@@ -18,6 +18,9 @@ def up(
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
     prefect_port: int = typer.Option(4200),
     mlflow_port: int = typer.Option(5000),
+    database: Optional[str] = typer.Option(None, help="PostgreSQL for both servers: postgresql://USER[:PASSWORD]@HOST"
+                                                      "[:PORT]/NAME (databases NAME_mlflow and NAME_prefect, created "
+                                                      "if missing); default: SQLite files in the workspace."),
 ) -> None:
     """Start a Prefect server and an MLflow tracking server for this workspace; Ctrl-C stops both."""
     import signal
@@ -29,15 +32,21 @@ def up(
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
+    from flows import team_database
+
     ws = Workspace.from_env()
     try:
-        running = services.up(ws, host, prefect_port, mlflow_port)
+        db = team_database.parse(database) if database else None
+    except team_database.DatabaseError as e:
+        fail(str(e))
+    try:
+        running = services.up(ws, host, prefect_port, mlflow_port, db)
     except services.PortInUse as e:
         fail(str(e))
-    except services.ServiceError as e:
+    except (services.ServiceError, team_database.DatabaseError) as e:
         fail(str(e), code=1)
     console.print(f"Prefect UI  http://{host}:{prefect_port}\nMLflow UI   http://{host}:{mlflow_port}\n"
-                  f"workspace   {ws.home}\nCtrl-C stops both.")
+                  f"workspace   {ws.home}\n{f'database    {db.shown}' + chr(10) if db else ''}Ctrl-C stops both.")
     try:
         while all(s.process.poll() is None for s in running):
             time.sleep(1)

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flows import team_database
+from flows.team_database import TeamDatabase
 from flows.workspace import Workspace, healthy
 
 
@@ -84,9 +86,10 @@ def log_tail(log: Path, lines: int = 8) -> str:
         return ""
 
 
-def mlflow_command(ws: Workspace, host: str, port: int) -> list[str]:
+def mlflow_command(ws: Workspace, host: str, port: int, backend: str | None = None) -> list[str]:
+    """MLflow's server on ``backend`` (default: the workspace's SQLite file), artifacts behind its proxy."""
     ws.mlflow_artifacts.mkdir(parents=True, exist_ok=True)
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{ws.mlflow_db}",
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend or f"sqlite:///{ws.mlflow_db}",
             "--artifacts-destination", str(ws.mlflow_artifacts), "--serve-artifacts",
             "--host", host, "--port", str(port), "--workers", "1"]
 
@@ -95,9 +98,10 @@ def prefect_command(host: str, port: int) -> list[str]:
     return [sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)]
 
 
-def start(ws: Workspace, name: str, cmd: list[str], url: str, health: str, log: Path) -> Service:
+def start(ws: Workspace, name: str, cmd: list[str], url: str, health: str, log: Path,
+          extra_env: dict[str, str] | None = None) -> Service:
     # the UI's browser code calls the API at PREFECT_UI_API_URL (default: port 4200)
-    env = dict(os.environ, PREFECT_HOME=str(ws.prefect_home), PREFECT_UI_API_URL=f"{url}/api")
+    env = dict(os.environ, PREFECT_HOME=str(ws.prefect_home), PREFECT_UI_API_URL=f"{url}/api", **(extra_env or {}))
     env.pop("PREFECT_API_URL", None)
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -134,17 +138,23 @@ def stop(services: list[Service], grace_s: float = 8.0) -> None:
             s.process.wait()
 
 
-def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int) -> list[Service]:
-    """Start both servers, wait until healthy, and record their URLs in the workspace; a taken port is refused
+def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int,
+       database: TeamDatabase | None = None) -> list[Service]:
+    """Start both servers (on SQLite files in the workspace, or on ``database``: PostgreSQL, checked and prepared
+    first), wait until healthy, and record their URLs in the workspace; a taken port is refused
     (:class:`PortInUse`) before anything starts, a server that stops during start-up stops the other."""
     check_ports(host, {"--mlflow-port": mlflow_port, "--prefect-port": prefect_port})
+    if database is not None:
+        team_database.prepare(database)
     logs = ws.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     ws.prefect_home.mkdir(parents=True, exist_ok=True)
     mlflow_url, prefect_url = f"http://{host}:{mlflow_port}", f"http://{host}:{prefect_port}"
     services = [
-        start(ws, "mlflow", mlflow_command(ws, host, mlflow_port), mlflow_url, "/health", logs / "mlflow.log"),
-        start(ws, "prefect", prefect_command(host, prefect_port), prefect_url, "/api/health", logs / "prefect.log"),
+        start(ws, "mlflow", mlflow_command(ws, host, mlflow_port, database and database.mlflow_url), mlflow_url,
+              "/health", logs / "mlflow.log"),
+        start(ws, "prefect", prefect_command(host, prefect_port), prefect_url, "/api/health", logs / "prefect.log",
+              {"PREFECT_API_DATABASE_CONNECTION_URL": database.prefect_url} if database else None),
     ]
     try:
         wait_healthy(services)
