@@ -30,7 +30,7 @@ def test_a_base_push_changes_the_base_velocity_by_its_impulse(quad):
     pushed.step(stand)
     plain.step(stand)
     dv = pushed.qvel[:, :3] - plain.qvel[:, :3]  # the free joint's linear velocity, world frame
-    direction = pushed._push_sign
+    direction = pushed.push_direction
     np.testing.assert_allclose(np.linalg.norm(direction, axis=1), 1.0)
     assert np.ptp(np.arctan2(direction[:, 1], direction[:, 0])) > 1.0  # random directions in the x–y plane
     impulse = push * 9.81 * quad.ctrl_dt  # F·Δt/m with F = push × m g
@@ -44,7 +44,7 @@ def test_no_force_off_phase_or_at_zero_strength(quad):
     n, every, steps = 6, 10, 2
     pushed, plain = _pair(quad, n, Disturbance(push=0.5, push_on="base", push_every=every, push_steps=steps))
     off, _ = _pair(quad, n, Disturbance(push=0.0, push_on="base", push_every=every, push_steps=steps))
-    first = np.array([next(t for t in range(1, 2 * every) if (t + p) % every < steps) for p in pushed._push_phase])
+    first = np.array([next(t for t in range(1, 2 * every) if (t + p) % every < steps) for p in pushed.push_phase])
     stand = np.zeros((n, quad.act_dim))
     for t in range(first.max() + 1):
         for env in (pushed, plain, off):

@@ -309,6 +309,17 @@ class BatchedEnv:
         self._mocap_pos[:, 3 * index : 3 * index + 3] = self.command[:, cols]
         return self._mocap_pos
 
+    @property
+    def push_direction(self) -> np.ndarray:
+        """(N, k) each environment's current push: a unit direction in the x–y plane (base pushes) or a sign per
+        pushed term; multiplied by the push force while a push is on."""
+        return self._push_sign.copy()
+
+    @property
+    def push_phase(self) -> np.ndarray:
+        """(N,) each environment's offset into the ``push_every`` cycle, drawn at its reset."""
+        return self._push_phase.copy()
+
     def _push_forces(self) -> np.ndarray:
         """(N, nv) this step's push: on for ``push_steps`` of every ``push_every`` steps, a random sign or direction
         per push."""
