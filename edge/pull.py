@@ -365,14 +365,15 @@ def _repair(root: Path, registry_url: str, trusted: list, options: PullOptions) 
 def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s: float = 60.0, jitter: float = 0.2,
           skip_target_check: bool = False, options: Optional[PullOptions] = None, iterations: Optional[int] = None,
           rng: Optional[random.Random] = None, device_id: Optional[str] = None,
-          source: Optional[Callable[[DeviceStore], BundleSource]] = None) -> None:
+          source: Optional[Callable[[DeviceStore], BundleSource]] = None, also=None) -> None:
     """Poll ``ref`` every ``interval_s`` (× uniform(1-jitter, 1+jitter), so a fleet spreads out) and pull new
     versions with all of pull's checks. Refusals and outages are reported on stderr (the same one on
     consecutive polls once) and the loop goes on; a known-bad version is not downloaded again;
     the persisted backoff keeps an unavailable registry from being hammered. Each poll first downloads
     damaged non-active copies again (``previous`` included; edge/repair.py). With ``device_id``, each poll
     ends with a state report to the registry (edge/report.py), which never stops the loop. With ``source`` (a TUF
-    repository, named by ``registry_url``) each poll pulls through it; repair and reports need MLflow and are off."""
+    repository, named by ``registry_url``) each poll pulls through it; repair and reports need MLflow and are off.
+    ``also``: a second reporter (edge/mqtt_report.py) whose ``report()`` ends each poll, with or without MLflow."""
     from edge.report import device_reporter
 
     rng = rng or random.Random()
@@ -396,8 +397,9 @@ def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s
             if str(e) != last_error:  # the same refusal on every poll is said once
                 print(f"watch: {e}", file=sys.stderr, flush=True)
             last_error = str(e)
-        if reporter is not None:
-            reporter.report()
+        for r in (reporter, also):
+            if r is not None:
+                r.report()
         polls += 1
         if iterations is not None and polls >= iterations:
             return
