@@ -77,7 +77,7 @@ def topic(fleet: str, device_id: str) -> str:
 
 def read_password(path: Optional[Path], env: Dict[str, str]) -> str:
     """The device's MQTT password: the first line of ``path``, else ``SIM2EDGE_MQTT_PASSWORD``."""
-    password = path.read_text().splitlines()[0] if path else env.get("SIM2EDGE_MQTT_PASSWORD", "")
+    password = (path.read_text().splitlines() or [""])[0] if path else env.get("SIM2EDGE_MQTT_PASSWORD", "")
     if not password:
         raise ValueError("--report mqtt:// needs a password: --mqtt-password-file PATH or SIM2EDGE_MQTT_PASSWORD")
     return password

@@ -133,7 +133,7 @@ def test_malformed_retained_messages_are_counted_and_named(broker):
     assert "device 'dev-a'" in reasons["dev-z"] and "field labels" in reasons["dev-w"], reasons
 
 
-def test_broker_down_at_install_queues_the_report_and_the_next_run_sends_it(mlflow_server, policy, tmp_path):
+def test_broker_down_at_install_queues_the_report_and_the_next_watch_poll_sends_it(mlflow_server, policy, tmp_path):
     port = free_port()
     root = tmp_path / "a"
     r = agent_pull(mlflow_server, policy, root, f"mqtt://127.0.0.1:{port}", "dev-a", USERS["dev-a"], "--fleet", "f4")
@@ -141,9 +141,11 @@ def test_broker_down_at_install_queues_the_report_and_the_next_run_sends_it(mlfl
     assert "queued" in r.stderr and json.loads((root / "mqtt-report.json").read_text())["missed"] == 1
     proc = start_broker(tmp_path / "mosquitto", port)
     try:
-        again = agent_pull(mlflow_server, policy, root, f"mqtt://127.0.0.1:{port}", "dev-a", USERS["dev-a"],
-                           "--fleet", "f4")
-        assert again.returncode == 0 and "already active" in again.stdout, again.stderr
+        again = run_cli("sim2edge-agent", "watch", f"{policy[0]}@champion", "--registry", mlflow_server, "--root",
+                        str(root), "--trust", str(policy[1]), "--skip-target-check", "--iterations", "1", "--report",
+                        f"mqtt://127.0.0.1:{port}", "--fleet", "f4", "--device-id", "dev-a", "--mqtt-password-file",
+                        str(tmp_path / "dev-a.pw"))
+        assert again.returncode == 0 and "queued" not in again.stderr, again.stderr
         (d,) = fleet(f"mqtt://127.0.0.1:{port}", "f4").devices
         assert (d.version, d.health, d.missed_reports) == ("1", "ok", 1)
         assert not (root / "mqtt-report.json").exists()
