@@ -199,11 +199,13 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
+    from edge import mqtt_report
     from edge.pull import watch
 
     watch(args.ref, args.registry or args.tuf, Path(args.root), load_trusted(args.trust), args.interval, args.jitter,
           args.skip_target_check, pull_options(args), args.iterations,
-          device_id=None if args.no_report else args.device_id, source=tuf_source(args), also=mqtt_reporter(args))
+          device_id=None if args.no_report else args.device_id, source=tuf_source(args), also=mqtt_reporter(args),
+          labels=mqtt_report.parse_labels(args.label))
     return 0
 
 

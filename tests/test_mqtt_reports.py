@@ -100,6 +100,9 @@ def test_pull_reports_its_state_and_devices_lists_it_with_its_ring(broker, mlflo
     assert out.returncode == 0, out.stdout + out.stderr
     row = next(line for line in out.stdout.splitlines() if "dev-a" in line)
     assert " lab " in row and " ok " in row and "hw=orin,site=lab-1" in row, out.stdout
+    refused = run_cli("sim2edge", "devices", "--mqtt", broker, "--fleet", "f1",
+                      env={"SIM2EDGE_MQTT_PASSWORD": "wrong"})
+    assert refused.returncode == 2 and "refused 'sim2edge-reader'" in refused.stdout, refused.stdout
     bad = run_cli("sim2edge-agent", "pull", "x@champion", "--registry", mlflow_server, "--trust", str(policy[1]),
                   "--root", str(tmp_path / "b"), "--label", "Site=lab")
     assert bad.returncode == 2 and "--label 'Site=lab'" in bad.stderr, bad.stderr
