@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -176,3 +177,20 @@ def test_rings_take_devices_by_labels_then_by_a_stable_share_of_the_fleet():
                       ({"rings": [{"name": "a", "match": {"Site": "x"}}]}, "Site")):
         with pytest.raises(ValidationError, match=says):
             RingSpec.model_validate(bad)
+
+
+@pytest.mark.device
+def test_the_agent_on_python38_reports_over_mqtt(broker, mlflow_server, policy, tmp_path):
+    """JetPack 5's CPython 3.8 with the agent installed alone (extra ``mqtt``: paho-mqtt) publishes its state."""
+    from tests.test_edge_pythons import edge_venv
+
+    agent = str(edge_venv("3.8") / "bin" / "sim2edge-agent")
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHONWARNINGS": "ignore",
+           "SIM2EDGE_MQTT_PASSWORD": USERS["dev-b"]}
+    r = subprocess.run([agent, "pull", f"{policy[0]}@champion", "--registry", mlflow_server, "--root",
+                        str(tmp_path / "a"), "--trust", str(policy[1]), "--skip-target-check", "--report", broker,
+                        "--fleet", "f38", "--device-id", "dev-b", "--label", "python=3.8"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0 and f"activated {policy[0]} v1" in r.stdout, r.stderr
+    (d,) = fleet(broker, "f38").devices
+    assert (d.device, d.version, d.health, d.labels) == ("dev-b", "1", "ok", {"python": "3.8"})
