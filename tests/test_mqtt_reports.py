@@ -101,6 +101,11 @@ def test_pull_reports_its_state_and_devices_lists_it_with_its_ring(broker, mlflo
     assert out.returncode == 0, out.stdout + out.stderr
     row = next(line for line in out.stdout.splitlines() if "dev-a" in line)
     assert " lab " in row and " ok " in row and "hw=orin,site=lab-1" in row, out.stdout
+    js = run_cli("sim2edge", "devices", "--mqtt", broker, "--fleet", "f1", "--json",
+                 env={"SIM2EDGE_MQTT_PASSWORD": USERS["sim2edge-reader"]})
+    assert js.returncode == 0, js.stdout + js.stderr
+    listed = json.loads(js.stdout)
+    assert [(d["device"], d["ring"]) for d in listed["devices"]] == [("dev-a", None)] and listed["malformed"] == []
     refused = run_cli("sim2edge", "devices", "--mqtt", broker, "--fleet", "f1",
                       env={"SIM2EDGE_MQTT_PASSWORD": "wrong"})
     assert refused.returncode == 2 and "refused 'sim2edge-reader'" in refused.stdout, refused.stdout
