@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow up browser docker strace nginx docs
+.PHONY: setup run test test-slow up browser docker strace nginx mosquitto docs
 
 setup: $(STAMP)
 
@@ -42,13 +42,18 @@ nginx:
 	@command -v nginx >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q nginx >/dev/null \
 		|| { apt-get update -q >/dev/null && apt-get install -y -q nginx >/dev/null; } || true
 
+# Debian's mosquitto is the MQTT broker of tests/test_mqtt_reports.py (as the test's own process)
+mosquitto:
+	@command -v mosquitto >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q mosquitto >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q mosquitto >/dev/null; } || true
+
 # -rs: every skip says why; --durations: the slowest tests, to keep the default run under 25 min on 2 cores;
 # under CI=true a skip for chromium, Docker, strace or namespaces fails (tests/ci_skips.py).
 # The default run holds one whole pipeline (tests/test_e2e.py); `make test-slow` runs the other trainings end to end.
-test: setup browser docker strace nginx
+test: setup browser docker strace nginx mosquitto
 	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider -m "not slow" tests
 
-test-slow: setup browser docker strace nginx
+test-slow: setup browser docker strace nginx mosquitto
 	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider -m slow tests
 
 # The reference in docs/ (MkDocs, Material theme) into site/; --strict fails on a broken link, anchor or nav entry.

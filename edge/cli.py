@@ -50,11 +50,37 @@ def tuf_source(args: argparse.Namespace):
     return lambda store: TufClient(args.tuf, args.tuf_root, store, transfer_options(args))
 
 
+def mqtt_reporter(args: argparse.Namespace):
+    """``--report mqtt://HOST:PORT``: the reporter of edge/mqtt_report.py (None without ``--report``)."""
+    from edge import mqtt_report
+
+    labels = mqtt_report.parse_labels(args.label)
+    if not args.report:
+        return None
+    broker = mqtt_report.parse_broker(args.report, args.mqtt_ca)
+    mqtt_report.topic(args.fleet, args.device_id)
+    try:
+        import paho.mqtt.client  # noqa: F401
+    except ImportError:
+        raise ValueError("--report mqtt:// needs paho-mqtt: pip install 'sim2edge-agent[mqtt]'") from None
+    from edge.report import device_state
+
+    store, trusted = DeviceStore(Path(args.root)), load_trusted(args.trust)
+    return mqtt_report.MqttReporter(Path(args.root), broker, args.fleet, args.device_id,
+                                    mqtt_report.read_password(args.mqtt_password_file, dict(os.environ)), labels,
+                                    lambda: device_state(store, trusted, args.device_id))
+
+
 def _pull(args: argparse.Namespace) -> int:
     from edge.pull import pull
 
-    result = pull(args.ref, args.registry or args.tuf, Path(args.root), load_trusted(args.trust),
-                  args.skip_target_check, pull_options(args), tuf_source(args))
+    reporter = mqtt_reporter(args)
+    try:
+        result = pull(args.ref, args.registry or args.tuf, Path(args.root), load_trusted(args.trust),
+                      args.skip_target_check, pull_options(args), tuf_source(args))
+    finally:
+        if reporter is not None:
+            reporter.report()
     if not result.changed:
         print(f"{result.policy} v{result.version} is already active at {result.path}")
         return 0
@@ -173,11 +199,13 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace) -> int:
+    from edge import mqtt_report
     from edge.pull import watch
 
     watch(args.ref, args.registry or args.tuf, Path(args.root), load_trusted(args.trust), args.interval, args.jitter,
           args.skip_target_check, pull_options(args), args.iterations,
-          device_id=None if args.no_report else args.device_id, source=tuf_source(args))
+          device_id=None if args.no_report else args.device_id, source=tuf_source(args), also=mqtt_reporter(args),
+          labels=mqtt_report.parse_labels(args.label))
     return 0
 
 
@@ -243,6 +271,19 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
                    help="the TUF repository's trusted root metadata (with --tuf; used on first contact only)")
 
 
+def add_report_arguments(p: argparse.ArgumentParser) -> None:
+    """``--report mqtt://HOST:PORT`` and what goes with it (see edge/mqtt_report.py)."""
+    p.add_argument("--report", metavar="URL", help="also publish the device's state, retained, to this MQTT broker: "
+                                                   "mqtt://HOST:PORT or mqtts://HOST:PORT (see edge/mqtt_report.py)")
+    p.add_argument("--fleet", default="default", help="MQTT topic sim2edge/<fleet>/<device id>/state "
+                                                      "(default: %(default)s)")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE",
+                   help="a label carried in the report (rings select on them); repeatable; [a-z0-9_.-]")
+    p.add_argument("--mqtt-password-file", type=Path, metavar="PATH",
+                   help="the device's MQTT password (user: the device id); default: $SIM2EDGE_MQTT_PASSWORD")
+    p.add_argument("--mqtt-ca", metavar="PEM", help="CA bundle for mqtts:// (default: the system's)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sim2edge-agent", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -254,6 +295,8 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--trust", action="append", required=True, type=Path,
                     help="trusted Ed25519 public key (PEM); repeat for key rotation")
     add_install_arguments(pl)
+    pl.add_argument("--device-id", default=socket.gethostname(), help="with --report (default: the host name)")
+    add_report_arguments(pl)
     add_transfer_arguments(pl)
     pl.set_defaults(func=_pull)
     st = sub.add_parser("status", help="show the active policy and where it came from")
@@ -337,7 +380,9 @@ def parser() -> argparse.ArgumentParser:
     add_install_arguments(wa)
     wa.add_argument("--device-id", default=socket.gethostname(),
                     help="report this device's state to the registry under this id (default: the host name)")
-    wa.add_argument("--no-report", action="store_true", help="do not report the device's state (with --tuf: never)")
+    wa.add_argument("--no-report", action="store_true", help="do not report the device's state to MLflow "
+                                                             "(with --tuf: never)")
+    add_report_arguments(wa)
     add_transfer_arguments(wa)
     wa.set_defaults(func=_watch)
     rp = sub.add_parser("repair", help="download installed copies that no longer verify again (never current)")

@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Dict, Iterable, Optional, Protocol
 
 from edge import bundle, crash
 from edge.errors import CheckFailed, is_disk_full
@@ -365,14 +365,16 @@ def _repair(root: Path, registry_url: str, trusted: list, options: PullOptions) 
 def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s: float = 60.0, jitter: float = 0.2,
           skip_target_check: bool = False, options: Optional[PullOptions] = None, iterations: Optional[int] = None,
           rng: Optional[random.Random] = None, device_id: Optional[str] = None,
-          source: Optional[Callable[[DeviceStore], BundleSource]] = None) -> None:
+          source: Optional[Callable[[DeviceStore], BundleSource]] = None, also=None,
+          labels: Optional[Dict[str, str]] = None) -> None:
     """Poll ``ref`` every ``interval_s`` (× uniform(1-jitter, 1+jitter), so a fleet spreads out) and pull new
     versions with all of pull's checks. Refusals and outages are reported on stderr (the same one on
     consecutive polls once) and the loop goes on; a known-bad version is not downloaded again;
     the persisted backoff keeps an unavailable registry from being hammered. Each poll first downloads
     damaged non-active copies again (``previous`` included; edge/repair.py). With ``device_id``, each poll
     ends with a state report to the registry (edge/report.py), which never stops the loop. With ``source`` (a TUF
-    repository, named by ``registry_url``) each poll pulls through it; repair and reports need MLflow and are off."""
+    repository, named by ``registry_url``) each poll pulls through it; repair and reports need MLflow and are off.
+    ``labels`` (``--label``) travel in the report. ``also``: a second reporter (edge/mqtt_report.py) whose ``report()`` ends each poll, with or without MLflow."""
     from edge.report import device_reporter
 
     rng = rng or random.Random()
@@ -381,7 +383,8 @@ def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s
     reporter = None
     if device_id and source is None:
         reporter = device_reporter(root, registry_url, parse_ref(ref)[0], device_id, trusted,
-                                   timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s)
+                                   timeout_s=min(5.0, options.transfer.timeout_s), backoff_base_s=options.backoff_base_s,
+                                   labels=labels)
     later = dataclasses.replace(options, retry_failed=False)  # --retry-failed: the first poll only
     polls, last_error = 0, ""
     while True:
@@ -396,8 +399,9 @@ def watch(ref: str, registry_url: str, root: Path, trusted: Iterable, interval_s
             if str(e) != last_error:  # the same refusal on every poll is said once
                 print(f"watch: {e}", file=sys.stderr, flush=True)
             last_error = str(e)
-        if reporter is not None:
-            reporter.report()
+        for r in (reporter, also):
+            if r is not None:
+                r.report()
         polls += 1
         if iterations is not None and polls >= iterations:
             return

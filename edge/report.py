@@ -5,7 +5,7 @@ Where: one tag per device on the registered model it watches, ``sim2edge.device.
 (characters other than letters, digits, ``_ . -`` become ``_``), overwritten by each report;
 its value is JSON::
 
-    {"device": "jetson-7", "hostname": "jetson-7", "policy": "cartpole", "version": "3",
+    {"device": "jetson-7", "hostname": "jetson-7", "policy": "cartpole", "version": "3", "labels": {"site": "lab-1"},
      "health": "ok", "runtime": "onnxruntime (CPUExecutionProvider)",
      "last_error": {"event": "refused", "check": "hash", "detail": "…", "time": 1764756000.1},
      "pull_failures": 0, "missed_reports": 0, "time": 1764756060.2,
@@ -40,7 +40,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional
 
 from edge import bundle
 from edge.errors import CheckFailed
@@ -141,10 +141,12 @@ class Reporter:
 
 
 def device_reporter(root: Path, registry_url: str, model: str, device_id: str, trusted: Iterable,
-                    timeout_s: float = 5.0, backoff_base_s: float = 30.0) -> Reporter:
-    """``watch``'s reporter: :func:`device_state` to ``sim2edge.device.<id>``."""
+                    timeout_s: float = 5.0, backoff_base_s: float = 30.0,
+                    labels: Optional[Dict[str, str]] = None) -> Reporter:
+    """``watch``'s reporter: :func:`device_state` (with ``labels``, ``--label``) to ``sim2edge.device.<id>``."""
     store, trusted = DeviceStore(root), list(trusted)
-    return Reporter(root, registry_url, model, tag_key(device_id), lambda: device_state(store, trusted, device_id),
+    return Reporter(root, registry_url, model, tag_key(device_id),
+                    lambda: dict(device_state(store, trusted, device_id), labels=dict(labels or {})),
                     timeout_s=timeout_s, backoff_base_s=backoff_base_s)
 
 

@@ -130,9 +130,19 @@ def publish(
 
 
 def devices(model: Optional[str] = typer.Option(None, help="Registered model (default: every one)."),
-            as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON.")) -> None:
+            as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
+            mqtt: Optional[str] = typer.Option(None, help="Read the fleet's retained state reports from this MQTT "
+                                               "broker instead (mqtt://HOST:PORT or mqtts://; edge/mqtt_report.py)."),
+            fleet: str = typer.Option("default", help="With --mqtt: the fleet (topics sim2edge/<fleet>/+/state)."),
+            rings: Optional[Path] = typer.Option(None, help="With --mqtt: a ring spec (YAML, registry/rings.py) "
+                                                 "to show each device's ring."),
+            mqtt_user: str = typer.Option("sim2edge-reader", help="With --mqtt: the broker user."),
+            mqtt_password_file: Optional[Path] = typer.Option(
+                None, help="With --mqtt: its password (default: $SIM2EDGE_MQTT_PASSWORD).")) -> None:
     """List the devices reporting to the registry (sim2edge-agent watch and run): version, health, runtime,
-    control-loop timing, last error."""
+    control-loop timing, last error; with --mqtt, those reporting to the broker, with their labels and ring."""
+    if mqtt:
+        return _mqtt_devices(mqtt, fleet, rings, mqtt_user, mqtt_password_file, as_json)
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -158,3 +168,39 @@ def devices(model: Optional[str] = typer.Option(None, help="Registered model (de
                      f"{e.get('check') or e.get('event')}: {e.get('detail', '')}"[:100] if e else ""])
     print_listing(listing(["model", "device", "version", "health", "runtime", "control loop", "reported", "last error"],
                           rows, ids=2))
+
+
+def _mqtt_devices(url: str, fleet: str, rings: Optional[Path], user: str, password_file: Optional[Path],
+                  as_json: bool) -> None:
+    """``devices --mqtt``: registry/fleet_state.py's reading of the broker, each device with its ring."""
+    import os
+
+    from pydantic import ValidationError
+
+    from edge.mqtt_report import read_password
+    from registry.fleet_state import read_fleet
+    from registry.rings import RingSpec, ring_of
+
+    try:
+        spec = RingSpec.load(rings) if rings else None
+        state = read_fleet(url, fleet, user, read_password(password_file, dict(os.environ)))
+    except ValidationError as e:
+        fail(f"ring spec {rings}: {e.errors()[0]['msg']} at {'.'.join(map(str, e.errors()[0]['loc']))}")
+    except (OSError, ValueError) as e:
+        fail(str(e))
+    ring = {d.device: ring_of(d.device, d.labels, spec) if spec else None for d in state.devices}
+    if as_json:
+        print_json({"devices": [dict(d.model_dump(), ring=ring[d.device]) for d in state.devices],
+                    "malformed": [m.model_dump() for m in state.malformed]})
+        return
+    now = time.time()
+    rows = [[d.device, ring[d.device] or "-", d.policy or "-", d.version or "-", d.health, d.runtime or "-",
+             ",".join(f"{k}={v}" for k, v in sorted(d.labels.items())) or "-", f"{now - d.time:.0f} s ago"]
+            for d in state.devices]
+    if rows:
+        print_listing(listing(["device", "ring", "policy", "version", "health", "runtime", "labels", "reported"],
+                              rows))
+    else:
+        console.print(f"no device of fleet {fleet!r} has reported")
+    for m in state.malformed:
+        console.print(f"malformed: {m.topic}: {m.reason}", soft_wrap=True)

@@ -15,7 +15,7 @@ from edge.report import CONTROL_PREFIX, TAG_PREFIX
 
 class DeviceState(BaseModel):
     """One device's last reports. ``age_s``: seconds since the newer of them was sent (as of the read);
-    ``health`` is None when only ``run`` reports; ``control`` is ``ControlLoop.stats()`` as ``run`` sent it."""
+    ``health`` is None when only ``run`` reports; ``labels``: ``sim2edge-agent watch --label``; ``control`` is ``ControlLoop.stats()`` as ``run`` sent it."""
 
     model_config = ConfigDict(frozen=True)
     model: str
@@ -28,6 +28,7 @@ class DeviceState(BaseModel):
     last_error: dict | None = None
     pull_failures: int = 0
     missed_reports: int = 0
+    labels: dict[str, str] = {}
     control: dict | None = None
     time: float
     age_s: float

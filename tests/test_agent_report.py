@@ -39,7 +39,7 @@ def test_watch_reports_state_and_devices_lists_it(mlflow_server, policy, tmp_pat
     name, _, pub = policy
     r = run_cli("sim2edge-agent", "watch", f"{name}@champion", "--registry", mlflow_server, "--root",
                 str(tmp_path / "a"), "--trust", str(pub), "--skip-target-check", "--interval", "0.05",
-                "--iterations", "2", "--device-id", "jetson 7/a")
+                "--iterations", "2", "--device-id", "jetson 7/a", "--label", "site=lab-1")
     assert r.returncode == 0 and f"activated {name} v2" in r.stdout, r.stderr
     tags = MlflowClient(mlflow_server).get_registered_model(name).tags
     assert set(k for k in tags if k.startswith("sim2edge.device.")) == {"sim2edge.device.jetson_7_a"}
@@ -47,7 +47,7 @@ def test_watch_reports_state_and_devices_lists_it(mlflow_server, policy, tmp_pat
     assert (d.device, d.policy, d.version, d.health, d.runtime) == \
         ("jetson 7/a", name, "2", "ok", "onnxruntime (CPUExecutionProvider)")
     assert d.hostname == socket.gethostname() and 0 <= d.age_s < 60 and d.missed_reports == 0
-    assert d.last_error is None and d.pull_failures == 0
+    assert d.last_error is None and d.pull_failures == 0 and d.labels == {"site": "lab-1"}
     out = run_cli("sim2edge", "devices", "--model", name, env={"COLUMNS": "200"})
     assert out.returncode == 0, out.stderr
     row = next(line for line in out.stdout.splitlines() if "jetson 7/a" in line)
