@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow up browser docker strace nginx mosquitto docs
+.PHONY: setup run test test-slow up browser docker strace nginx mosquitto postgresql docs
 
 setup: $(STAMP)
 
@@ -50,10 +50,15 @@ mosquitto:
 # -rs: every skip says why; --durations: the slowest tests, to keep the default run under 25 min on 2 cores;
 # under CI=true a skip for chromium, Docker, strace or namespaces fails (tests/ci_skips.py).
 # The default run holds one whole pipeline (tests/test_e2e.py); `make test-slow` runs the other trainings end to end.
-test: setup browser docker strace nginx mosquitto
+# Debian's PostgreSQL 15 for `sim2edge up --database` (tests/test_up_postgres.py runs it as the test's own process)
+postgresql:
+	@test -x /usr/lib/postgresql/15/bin/initdb || [ "$$(id -u)" != 0 ] || apt-get install -y -q postgresql >/dev/null \
+		|| { apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null; } || true
+
+test: setup browser docker strace nginx mosquitto postgresql
 	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider -m "not slow" tests
 
-test-slow: setup browser docker strace nginx mosquitto
+test-slow: setup browser docker strace nginx mosquitto postgresql
 	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider -m slow tests
 
 # The reference in docs/ (MkDocs, Material theme) into site/; --strict fails on a broken link, anchor or nav entry.
