@@ -1,0 +1,126 @@
+"""`sim2edge up --auth`: nobody reads MLflow without a login, a device user made by `sim2edge users add-device`
+reads (and the real agent pulls) its own policy only and writes nothing; Prefect's API asks for the admin login;
+`users add-device` refuses a missing server, a wrong admin password and an unknown policy in one line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.bundles import make_bundle, make_keys, publish
+from tests.conftest import free_port, run_cli
+from tests.test_up_ports import none_left
+
+LOGIN_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_URL",
+              "SIM2EDGE_ADMIN_PASSWORD", "PREFECT_API_AUTH_STRING")
+
+
+def status(url: str, login: tuple[str, str] | None = None, body: dict | None = None) -> int:
+    """HTTP status of GET (or POST ``body``) ``url`` with basic auth ``login``."""
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    if login:
+        req.add_header("Authorization", "Basic " + base64.b64encode(":".join(login).encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """`sim2edge up --auth` on SQLite (password generated); yields (home, mlflow URL, prefect URL, admin password,
+    log); SIGINT at the end, which must leave nothing running."""
+    tmp = tmp_path_factory.mktemp("team-auth")
+    home, mlflow_port, prefect_port = tmp / "home", free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k not in LOGIN_VARS}
+    log = tmp / "up.log"
+    with log.open("wb") as out:
+        up = subprocess.Popen([str(Path(sys.executable).parent / "sim2edge"), "up", "--auth", "--mlflow-port",
+                               str(mlflow_port), "--prefect-port", str(prefect_port)],
+                              env={**env, "SIM2EDGE_HOME": str(home)}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while "Ctrl-C stops both" not in log.read_text():
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        password = (home / "auth" / "admin-password").read_text().strip()
+        yield home, f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}", password, log
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+    assert up.returncode == 0, log.read_text()[-3000:]
+    assert none_left(home)
+
+
+def test_a_device_user_reads_its_policy_only_and_writes_nothing(stack, tmp_path, monkeypatch):
+    home, url, prefect, password, log = stack
+    assert f"logins      user admin, password in {home / 'auth' / 'admin-password'}" in log.read_text()
+    for secret in (home / "auth" / "admin-password", home / "auth" / "auth.ini"):
+        assert secret.stat().st_mode & 0o777 == 0o600, secret
+    assert password not in log.read_text() + (home / "auth" / "auth.ini").read_text()
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    priv, pub = make_keys(tmp_path)
+    for name in ("arm-policy", "other-policy"):
+        make_bundle(tmp_path / f"{name}.tar", priv, name=name)
+        assert publish(url, tmp_path / f"{name}.tar", name, "champion") == "1"
+
+    workspace = {"SIM2EDGE_HOME": str(home)}
+    made = run_cli("sim2edge", "users", "add-device", "robot1", "--policy", "arm-policy", env=workspace,
+                   unset=LOGIN_VARS)
+    assert made.returncode == 0, made.stdout + made.stderr
+    device = ("robot1", made.stdout.split("password (shown once): ")[1].strip())
+
+    api = f"{url}/api/2.0/mlflow"
+    alias = f"{api}/registered-models/alias?name=arm-policy&alias=champion"
+    assert status(alias) == 401  # no login, no read
+    assert status(alias, device) == 200
+    assert status(f"{api}/registered-models/alias?name=other-policy&alias=champion", device) == 403
+    writes = {"registered-models/set-tag": {"name": "arm-policy", "key": "hacked", "value": "1"},
+              "registered-models/alias": {"name": "arm-policy", "alias": "champion", "version": "1"},
+              "model-versions/set-tag": {"name": "arm-policy", "version": "1", "key": "hacked", "value": "1"},
+              "registered-models/create": {"name": "device-made"}}
+    for path, body in writes.items():
+        assert status(f"{api}/{path}", device, body) == 403, path
+    from mlflow.tracking import MlflowClient
+
+    model = MlflowClient(url).get_registered_model("arm-policy")
+    assert "hacked" not in model.tags and model.aliases == {"champion": "1"}
+
+    # the real agent pulls with the device's login
+    pulled = run_cli("sim2edge-agent", "pull", "arm-policy@champion", "--registry", url, "--root",
+                     str(tmp_path / "store"), "--trust", str(pub), "--skip-target-check",
+                     env={"MLFLOW_TRACKING_USERNAME": device[0], "MLFLOW_TRACKING_PASSWORD": device[1]})
+    assert pulled.returncode == 0 and "activated" in pulled.stdout, pulled.stdout + pulled.stderr
+
+    # Prefect's API: the admin login, nothing less (health stays open for probes)
+    flows = f"{prefect}/api/flows/filter"
+    assert status(flows, body={}) == 401 and status(flows, device, {}) == 401
+    assert status(flows, ("admin", password), {}) == 200 and status(f"{prefect}/api/health") == 200
+
+
+def test_add_device_refuses_in_one_line(stack, tmp_path):
+    home, url, _, password, _ = stack
+    cases = [({"SIM2EDGE_HOME": str(home), "SIM2EDGE_ADMIN_PASSWORD": password + "x"}, ["arm-policy"],
+              "refused the admin login (HTTP 401)"),
+             ({"SIM2EDGE_HOME": str(home)}, ["no-such-policy"], "--policy no-such-policy: no such registered model"),
+             ({"SIM2EDGE_HOME": str(tmp_path)}, ["arm-policy"], "no MLflow server: start `sim2edge up --auth`")]
+    for env, policies, message in cases:
+        done = run_cli("sim2edge", "users", "add-device", "robot2", *(f"--policy={p}" for p in policies), env=env,
+                       unset=tuple(v for v in LOGIN_VARS if v not in env))
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        assert done.returncode == 1 and len(lines) == 1 and message in lines[0], lines
+        assert password not in done.stdout + done.stderr
