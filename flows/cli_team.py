@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import warnings
 
 import typer
 
@@ -31,16 +32,26 @@ def admin_server(ws: Workspace) -> str:
     return url
 
 
+def policy_experiments(registry, policy: str) -> set[str]:
+    """Ids of the experiments holding the runs of ``policy``'s versions (``sim2edge/<policy>`` in the pipeline)."""
+    runs = {v.run_id for v in registry.search_model_versions(f"name = '{policy}'") if v.run_id}
+    return {registry.get_run(r).info.experiment_id for r in runs}
+
+
 @users_app.command("add-device")
 def add_device(
     name: str = typer.Argument(..., help="The device's user name (e.g. its robot id)."),
     policy: list[str] = typer.Option(..., help="Registered model the device may read (repeat for several)."),
     password_stdin: bool = typer.Option(False, help="Read the password from stdin instead of generating one."),
 ) -> None:
-    """Create a device's login: READ on the named policies only, no write anywhere; prints the password once."""
+    """Create a device's login: READ on the named policies (and the experiments of their versions' runs, where the
+    bundles are), nothing else; prints the password once."""
     from mlflow.exceptions import MlflowException, RestException
-    from mlflow.server.auth.client import AuthServiceClient
     from mlflow.tracking import MlflowClient
+
+    with warnings.catch_warnings():  # its server module's Starlette import warns; this is a client
+        warnings.simplefilter("ignore")
+        from mlflow.server.auth.client import AuthServiceClient
 
     url = admin_server(Workspace.from_env())
     password = sys.stdin.readline().strip() if password_stdin else secrets.token_urlsafe(18)
@@ -49,6 +60,7 @@ def add_device(
     os.environ.update(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0")  # a refusal is final: say so at once
     registry, auth = MlflowClient(url), AuthServiceClient(url)
     try:
+        experiments = set()
         for p in policy:
             try:
                 registry.get_registered_model(p)
@@ -56,9 +68,12 @@ def add_device(
                 if e.error_code == "RESOURCE_DOES_NOT_EXIST":
                     fail(f"--policy {p}: no such registered model at {url}", code=1)
                 raise
+            experiments |= policy_experiments(registry, p)
         auth.create_user(name, password)
         for p in policy:
             auth.grant_user_permission(name, "registered_model", p, "READ")
+        for experiment in sorted(experiments):  # the bundles are run artifacts, read under the experiment's grant
+            auth.grant_user_permission(name, "experiment", experiment, "READ")
     except MlflowException as e:
         status = e.get_http_status_code()
         if status == 401:

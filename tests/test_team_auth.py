@@ -92,7 +92,7 @@ def test_a_device_user_reads_its_policy_only_and_writes_nothing(stack, tmp_path,
     writes = {"registered-models/set-tag": {"name": "arm-policy", "key": "hacked", "value": "1"},
               "registered-models/alias": {"name": "arm-policy", "alias": "champion", "version": "1"},
               "model-versions/set-tag": {"name": "arm-policy", "version": "1", "key": "hacked", "value": "1"},
-              "registered-models/create": {"name": "device-made"}}
+              "registered-models/delete": {"name": "other-policy"}}
     for path, body in writes.items():
         assert status(f"{api}/{path}", device, body) == 403, path
     from mlflow.tracking import MlflowClient
