@@ -112,6 +112,30 @@ def test_a_device_user_reads_its_policy_only_and_writes_nothing(stack, tmp_path,
     assert status(flows, ("admin", password), {}) == 200 and status(f"{prefect}/api/health") == 200
 
 
+CLIENT = """
+from mlflow.tracking import MlflowClient
+from prefect.client.orchestration import get_client
+
+from flows.workspace import Workspace
+
+ws = Workspace.from_env()
+ws.configure_prefect()
+print(sorted(m.name for m in MlflowClient(ws.tracking_uri()).search_registered_models()))
+with get_client(sync_client=True) as prefect:
+    print(len(prefect.read_flows()))
+"""
+
+
+def test_clients_in_the_workspace_log_in_as_the_admin(stack):
+    """What `sim2edge run` and `serve` do first: the workspace's servers, with the admin's login, on both."""
+    home, url, prefect, password, _ = stack
+    done = subprocess.run([sys.executable, "-c", CLIENT], capture_output=True, text=True, timeout=120,
+                          env={**{k: v for k, v in os.environ.items() if k not in LOGIN_VARS},
+                               "SIM2EDGE_HOME": str(home)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "0" and "arm-policy" in done.stdout.splitlines()[-2]
+
+
 def test_add_device_refuses_in_one_line(stack, tmp_path):
     home, url, _, password, _ = stack
     cases = [({"SIM2EDGE_HOME": str(home), "SIM2EDGE_ADMIN_PASSWORD": password + "x"}, ["arm-policy"],
