@@ -1,7 +1,7 @@
 """`sim2edge up --database postgresql://…` runs MLflow and Prefect on a real PostgreSQL (Debian's, started by the
 test as its own process): what a client registers lands in PostgreSQL, Prefect's tables are there, and with
-``--auth`` MLflow's users are in a third database; an unreachable
-server or a bad URL is refused in one line before anything starts."""
+``--auth`` MLflow's users are in a third database; an unreachable server or a bad URL is refused in one line
+before anything starts."""
 
 from __future__ import annotations
 
