@@ -155,8 +155,7 @@ def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int,
     mlflow_env: dict[str, str] = {}
     prefect_env = {"PREFECT_API_DATABASE_CONNECTION_URL": database.prefect_url} if database else {}
     if auth:
-        ws.mlflow_db.parent.mkdir(parents=True, exist_ok=True)
-        mlflow_auth, prefect_auth, _ = team_auth.prepare(
+        mlflow_auth, prefect_auth = team_auth.prepare(
             ws.home, database.auth_url if database else f"sqlite:///{ws.mlflow_db.parent / 'auth.db'}")
         mlflow_env.update(mlflow_auth)
         prefect_env.update(prefect_auth)

@@ -67,8 +67,8 @@ def admin_login(home: Path, create: bool = False) -> Login | None:
     return Login(ADMIN, path.read_text().strip())
 
 
-def prepare(home: Path, database_uri: str) -> tuple[dict[str, str], dict[str, str], Login]:
-    """Write the auth config; return the extra environment of MLflow's server and of Prefect's, and the admin."""
+def prepare(home: Path, database_uri: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Write the auth config; return the extra environment of MLflow's server and of Prefect's."""
     admin = admin_login(home, create=True)
     write_private(config_file(home), f"[mlflow]\ndefault_permission = NO_PERMISSIONS\ndatabase_uri = {database_uri}\n"
                                      f"admin_username = {ADMIN}\n"
@@ -78,4 +78,4 @@ def prepare(home: Path, database_uri: str) -> tuple[dict[str, str], dict[str, st
     mlflow_env = {"MLFLOW_AUTH_CONFIG_PATH": str(config_file(home)), "MLFLOW_AUTH_ADMIN_PASSWORD": admin.password,
                   "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
     prefect_env = {"PREFECT_SERVER_API_AUTH_STRING": f"{admin.username}:{admin.password}"}
-    return mlflow_env, prefect_env, admin
+    return mlflow_env, prefect_env

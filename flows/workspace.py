@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from flows import team_auth
+
 
 def healthy(url: str, path: str) -> bool:
     try:
@@ -71,10 +73,8 @@ class Workspace(BaseModel):
         ok = {"mlflow": "/health", "prefect": "/health"}
         return {k: v for k, v in urls.items() if k in ok and healthy(v if k == "mlflow" else v + "/api", ok[k])}
 
-    def admin_login(self):
+    def admin_login(self) -> team_auth.Login | None:
         """The admin's login of the running ``sim2edge up --auth`` (:mod:`flows.team_auth`); None without one."""
-        from flows import team_auth
-
         if not self.services_file.exists() or not json.loads(self.services_file.read_text()).get("auth"):
             return None
         return team_auth.admin_login(self.home)
