@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,9 @@ def up(
     database: Optional[str] = typer.Option(None, help="PostgreSQL for both servers: postgresql://USER[:PASSWORD]@HOST"
                                                       "[:PORT]/NAME (databases NAME_mlflow and NAME_prefect, created "
                                                       "if missing); default: SQLite files in the workspace."),
+    auth: bool = typer.Option(False, help="Logins: MLflow's basic-auth app (nobody reads without one) and Prefect's "
+                                          "API behind the admin login (SIM2EDGE_ADMIN_PASSWORD, or a password "
+                                          "generated into the workspace)."),
 ) -> None:
     """Start a Prefect server and an MLflow tracking server for this workspace; Ctrl-C stops both."""
     import signal
@@ -40,13 +44,14 @@ def up(
     except team_database.DatabaseError as e:
         fail(str(e))
     try:
-        running = services.up(ws, host, prefect_port, mlflow_port, db)
+        running = services.up(ws, host, prefect_port, mlflow_port, db, auth)
     except services.PortInUse as e:
         fail(str(e))
     except (services.ServiceError, team_database.DatabaseError) as e:
         fail(str(e), code=1)
     console.print(f"Prefect UI  http://{host}:{prefect_port}\nMLflow UI   http://{host}:{mlflow_port}\n"
-                  f"workspace   {ws.home}\n{f'database    {db.shown}' + chr(10) if db else ''}Ctrl-C stops both.")
+                  f"workspace   {ws.home}\n{f'database    {db.shown}' + chr(10) if db else ''}"
+                  f"{logins(ws) if auth else ''}Ctrl-C stops both.", markup=False, highlight=False, soft_wrap=True)
     try:
         while all(s.process.poll() is None for s in running):
             time.sleep(1)
@@ -56,6 +61,15 @@ def up(
     finally:
         services.stop(running)
         ws.services_file.unlink(missing_ok=True)
+
+
+def logins(ws: Workspace) -> str:
+    """The lines of ``up --auth`` saying where the admin's password is (never the password)."""
+    from flows import team_auth
+
+    where = (f"${team_auth.PASSWORD_ENV}" if os.environ.get(team_auth.PASSWORD_ENV)
+             else str(team_auth.password_file(ws.home)))
+    return f"logins      user {team_auth.ADMIN}, password in {where}\n"
 
 
 def serve(

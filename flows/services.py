@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows import team_database
+from flows import team_auth, team_database
 from flows.team_database import TeamDatabase
 from flows.workspace import Workspace, healthy
 
@@ -86,10 +86,12 @@ def log_tail(log: Path, lines: int = 8) -> str:
         return ""
 
 
-def mlflow_command(ws: Workspace, host: str, port: int, backend: str | None = None) -> list[str]:
-    """MLflow's server on ``backend`` (default: the workspace's SQLite file), artifacts behind its proxy."""
+def mlflow_command(ws: Workspace, host: str, port: int, backend: str | None = None, auth: bool = False) -> list[str]:
+    """MLflow's server on ``backend`` (default: the workspace's SQLite file), artifacts behind its proxy; with
+    ``auth`` its basic-auth app (configured through the environment: :func:`flows.team_auth.prepare`)."""
     ws.mlflow_artifacts.mkdir(parents=True, exist_ok=True)
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend or f"sqlite:///{ws.mlflow_db}",
+    return [sys.executable, "-m", "mlflow", "server", *(["--app-name", "basic-auth"] if auth else []),
+            "--backend-store-uri", backend or f"sqlite:///{ws.mlflow_db}",
             "--artifacts-destination", str(ws.mlflow_artifacts), "--serve-artifacts",
             "--host", host, "--port", str(port), "--workers", "1"]
 
@@ -139,29 +141,37 @@ def stop(services: list[Service], grace_s: float = 8.0) -> None:
 
 
 def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int,
-       database: TeamDatabase | None = None) -> list[Service]:
+       database: TeamDatabase | None = None, auth: bool = False) -> list[Service]:
     """Start both servers (on SQLite files in the workspace, or on ``database``: PostgreSQL, checked and prepared
-    first), wait until healthy, and record their URLs in the workspace; a taken port is refused
-    (:class:`PortInUse`) before anything starts, a server that stops during start-up stops the other."""
+    first; with ``auth`` behind logins, :mod:`flows.team_auth`), wait until healthy, and record their URLs in the
+    workspace; a taken port is refused (:class:`PortInUse`) before anything starts, a server that stops during
+    start-up stops the other."""
     check_ports(host, {"--mlflow-port": mlflow_port, "--prefect-port": prefect_port})
     if database is not None:
-        team_database.prepare(database)
+        team_database.prepare(database, auth)
     logs = ws.home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     ws.prefect_home.mkdir(parents=True, exist_ok=True)
+    mlflow_env: dict[str, str] = {}
+    prefect_env = {"PREFECT_API_DATABASE_CONNECTION_URL": database.prefect_url} if database else {}
+    if auth:
+        mlflow_auth, prefect_auth = team_auth.prepare(
+            ws.home, database.auth_url if database else f"sqlite:///{ws.mlflow_db.parent / 'auth.db'}")
+        mlflow_env.update(mlflow_auth)
+        prefect_env.update(prefect_auth)
     mlflow_url, prefect_url = f"http://{host}:{mlflow_port}", f"http://{host}:{prefect_port}"
     services = [
-        start(ws, "mlflow", mlflow_command(ws, host, mlflow_port, database and database.mlflow_url), mlflow_url,
-              "/health", logs / "mlflow.log"),
+        start(ws, "mlflow", mlflow_command(ws, host, mlflow_port, database and database.mlflow_url, auth), mlflow_url,
+              "/health", logs / "mlflow.log", mlflow_env),
         start(ws, "prefect", prefect_command(host, prefect_port), prefect_url, "/api/health", logs / "prefect.log",
-              {"PREFECT_API_DATABASE_CONNECTION_URL": database.prefect_url} if database else None),
+              prefect_env),
     ]
     try:
         wait_healthy(services)
     except BaseException:
         stop(services)
         raise
-    ws.services_file.write_text(json.dumps({"mlflow": mlflow_url, "prefect": prefect_url}))
+    ws.services_file.write_text(json.dumps({"mlflow": mlflow_url, "prefect": prefect_url, "auth": auth}))
     return services
 
 

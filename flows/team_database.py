@@ -2,7 +2,7 @@
 
 ``--database postgresql://USER[:PASSWORD]@HOST[:PORT]/NAME`` names the server and a base name: MLflow's tracking
 store goes in ``NAME_mlflow`` (through psycopg2), Prefect's in ``NAME_prefect`` (through asyncpg; the two cannot
-share one database, both keep an ``alembic_version`` table). Before anything starts, the server is checked: it must
+share one database, both keep an ``alembic_version`` table), and with ``--auth`` MLflow's users in ``NAME_auth``. Before anything starts, the server is checked: it must
 answer, be PostgreSQL 14 or newer (Prefect 3's floor), and hold both databases, which are created when the user may
 (``CREATEDB``); each server then applies its own migrations at start-up.
 """
@@ -22,10 +22,11 @@ class DatabaseError(RuntimeError):
 
 @dataclass(frozen=True)
 class TeamDatabase:
-    """The two connection URLs derived from ``--database``, and the form printed (password hidden)."""
+    """The connection URLs derived from ``--database``, and the form printed (password hidden)."""
 
     mlflow_url: str
     prefect_url: str
+    auth_url: str
     shown: str
 
 
@@ -47,11 +48,12 @@ def parse(url: str) -> TeamDatabase:
 
     shown = urlunsplit(("postgresql", parts.netloc.replace(f":{parts.password}@", ":***@") if parts.password
                         else parts.netloc, f"/{name}", "", ""))
-    return TeamDatabase(at("postgresql+psycopg2", "mlflow"), at("postgresql+asyncpg", "prefect"), shown)
+    return TeamDatabase(at("postgresql+psycopg2", "mlflow"), at("postgresql+asyncpg", "prefect"),
+                        at("postgresql+psycopg2", "auth"), shown)
 
 
-def prepare(db: TeamDatabase, timeout_s: float = 10) -> None:
-    """Check the server (reachable, version) and create the two databases where missing."""
+def prepare(db: TeamDatabase, auth: bool = False, timeout_s: float = 10) -> None:
+    """Check the server (reachable, version) and create the databases (the auth one with ``auth``) where missing."""
     import psycopg2
     from psycopg2 import sql
 
@@ -67,7 +69,7 @@ def prepare(db: TeamDatabase, timeout_s: float = 10) -> None:
             if conn.server_version < MIN_SERVER_VERSION:
                 raise DatabaseError(f"--database {db.shown}: PostgreSQL {conn.server_version // 10000} is too old; "
                                     f"Prefect needs 14 or newer")
-            for url in (db.mlflow_url, db.prefect_url):
+            for url in (db.mlflow_url, db.prefect_url, *([db.auth_url] if auth else [])):
                 name = urlsplit(url).path.lstrip("/")
                 cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
                 if cur.fetchone() is None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from flows import team_auth
+
 
 def healthy(url: str, path: str) -> bool:
     try:
@@ -71,12 +73,22 @@ class Workspace(BaseModel):
         ok = {"mlflow": "/health", "prefect": "/health"}
         return {k: v for k, v in urls.items() if k in ok and healthy(v if k == "mlflow" else v + "/api", ok[k])}
 
+    def admin_login(self) -> team_auth.Login | None:
+        """The admin's login of the running ``sim2edge up --auth`` (:mod:`flows.team_auth`); None without one."""
+        if not self.services_file.exists() or not json.loads(self.services_file.read_text()).get("auth"):
+            return None
+        return team_auth.admin_login(self.home)
+
     def tracking_uri(self) -> str:
-        """``MLFLOW_TRACKING_URI``, else the running ``sim2edge up`` server, else the SQLite file."""
+        """``MLFLOW_TRACKING_URI``, else the running ``sim2edge up`` server (with its admin login unless
+        ``MLFLOW_TRACKING_USERNAME`` names another), else the SQLite file."""
         if os.environ.get("MLFLOW_TRACKING_URI"):
             return os.environ["MLFLOW_TRACKING_URI"]
         up = self.services().get("mlflow")
         if up:
+            admin = self.admin_login()
+            if admin and not os.environ.get("MLFLOW_TRACKING_USERNAME"):
+                os.environ.update(MLFLOW_TRACKING_USERNAME=admin.username, MLFLOW_TRACKING_PASSWORD=admin.password)
             return up
         self.mlflow_db.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{self.mlflow_db}"
@@ -98,3 +110,6 @@ class Workspace(BaseModel):
         up = self.services().get("prefect")
         if up and not os.environ.get("PREFECT_API_URL"):
             os.environ["PREFECT_API_URL"] = up + "/api"
+            admin = self.admin_login()
+            if admin:  # Prefect's API behind `up --auth` asks for the admin's login
+                os.environ.setdefault("PREFECT_API_AUTH_STRING", f"{admin.username}:{admin.password}")

@@ -1,6 +1,7 @@
 """`sim2edge up --database postgresql://…` runs MLflow and Prefect on a real PostgreSQL (Debian's, started by the
-test as its own process): what a client registers lands in PostgreSQL, Prefect's tables are there; an unreachable
-server or a bad URL is refused in one line before anything starts."""
+test as its own process): what a client registers lands in PostgreSQL, Prefect's tables are there, and with
+``--auth`` MLflow's users are in a third database; an unreachable server or a bad URL is refused in one line
+before anything starts."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import urllib.request
 from pathlib import Path
 
@@ -54,15 +56,20 @@ def rows(port: int, database: str, query: str) -> list[tuple]:
             return cur.fetchall()
 
 
-def test_up_on_postgresql_keeps_mlflow_and_prefect_there(postgres, tmp_path):
+def test_up_on_postgresql_keeps_mlflow_and_prefect_there(postgres, tmp_path, monkeypatch):
+    """With ``--auth`` too: MLflow's users in a third database, the admin's password from the environment."""
     home, mlflow_port, prefect_port = tmp_path / "home", free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
+    password = "S2e-" + uuid.uuid4().hex
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         up = subprocess.Popen([str(Path(sys.executable).parent / "sim2edge"), "up", "--mlflow-port", str(mlflow_port),
-                               "--prefect-port", str(prefect_port), "--database",
+                               "--prefect-port", str(prefect_port), "--auth", "--database",
                                f"postgresql://postgres@127.0.0.1:{postgres}/team"],
-                              env={**env, "SIM2EDGE_HOME": str(home)}, stdout=out, stderr=subprocess.STDOUT)
+                              env={**env, "SIM2EDGE_HOME": str(home), "SIM2EDGE_ADMIN_PASSWORD": password},
+                              stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
         while "Ctrl-C stops both" not in log.read_text():
@@ -82,6 +89,9 @@ def test_up_on_postgresql_keeps_mlflow_and_prefect_there(postgres, tmp_path):
     tables = {t for (t,) in rows(postgres, "team_prefect", "SELECT tablename FROM pg_tables WHERE schemaname='public'")}
     assert {"flow", "flow_run", "deployment", "alembic_version"} <= tables  # Prefect's migrations ran there
     assert not (home / "mlflow.db").exists()
+    assert rows(postgres, "team_auth", "SELECT username, is_admin FROM users") == [("admin", True)]
+    assert not (home / "mlflow" / "auth.db").exists() and not (home / "auth" / "admin-password").exists()
+    assert password not in log.read_text()
 
 
 def test_unreachable_or_malformed_databases_are_refused_in_one_line(tmp_path):
