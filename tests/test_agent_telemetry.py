@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -90,7 +91,15 @@ def test_watch_activates_a_new_champion(mlflow_server, tmp_path):
     proc = subprocess.Popen([AGENT, "watch", f"{name}@champion", "--registry", mlflow_server, "--root", str(root),
                              "--trust", str(pub), "--skip-target-check", "--interval", "0.3", "--iterations", "100",
                              "--backoff", "1"],  # a poll that meets a busy server (SQLite locked) waits ~1 s, not 30
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    printed: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            printed.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         def active(deadline_s: float):
             end = time.monotonic() + deadline_s
@@ -104,9 +113,15 @@ def test_watch_activates_a_new_champion(mlflow_server, tmp_path):
         make_bundle(tmp_path / "2.tar", priv, version="2", name=name)
         publish(mlflow_server, tmp_path / "2.tar", name, "champion")
         assert "2" in active(20)
+        # `current` switches first, then the journal, then the line: stop the agent only once it has printed
+        end = time.monotonic() + 20
+        while not any(f"activated {name} v2" in line for line in printed) and time.monotonic() < end:
+            time.sleep(0.1)
     finally:
         proc.kill()
-        out, err = proc.communicate()
+        proc.wait()
+        reader.join(timeout=10)
+    out = "".join(printed)
     assert f"activated {name} v1" in out and f"activated {name} v2" in out
     events = DeviceStore(root).history()
     assert [(e["event"], e["version"]) for e in events if e["event"] != "unavailable"] == [("activate", "1"), ("activate", "2")]

@@ -171,6 +171,7 @@ def test_calibration_recovers_hidden_parameters(cartpole_dataset, tmp_path):
     assert (tmp_path / "twin" / "replay.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow  # about 150 s on 2 cores; cart-pole's calibration test stays in the default run
 def test_reacher_calibration_finds_latency_and_flags_unidentifiable_mass(tmp_path):
     """Reacher's joint armature (1 kg m²) dwarfs its link inertia (~1e-4), so link mass cannot be identified."""
     store = DatasetStore(tmp_path / "ds", load("reacher"), "reacher")

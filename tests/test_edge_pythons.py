@@ -54,7 +54,8 @@ def edge_venv(version: str) -> Path:
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("version", sorted(JETPACK_PYTHONS))
+@pytest.mark.parametrize("version", [pytest.param(v, marks=pytest.mark.slow) if v == "3.12" else v
+                                     for v in sorted(JETPACK_PYTHONS)])  # JetPack 7's in the slow run
 def test_agent_runs_on_jetpack_python(version, tmp_path):
     venv = edge_venv(version)
     priv, pub = make_keys(tmp_path)

@@ -35,6 +35,7 @@ def calibrated_standin(task: str, episodes: int, cfg: CalibrateConfig, tmp_path)
     return calibrate(cfg, ds, tmp_path / "twin"), standin.hidden_params(task)
 
 
+@pytest.mark.slow  # about 90 s on 2 cores
 def test_arm6_calibration_recovers_every_hidden_parameter(tmp_path):
     """Gravity loads every link and the wrist's armature dominates its links' inertia: all four separate."""
     # friction moves the replay error least: it needs ~70 generations to settle (40 leave it ~20% low)
