@@ -12,7 +12,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from edge.mqtt_report import LABEL, NAME, Broker, parse_broker
+from edge.mqtt_report import NAME, Broker, parse_broker
+from registry.rings import check_labels
 
 MAX_BYTES = 64 << 10
 
@@ -38,10 +39,7 @@ class DeviceReport(BaseModel):
     @field_validator("labels")
     @classmethod
     def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        for key, value in labels.items():
-            if not LABEL.fullmatch(key) or not LABEL.fullmatch(value):
-                raise ValueError(f"label {key}={value!r}: keys and values are 1-63 characters [a-z0-9_.-]")
-        return labels
+        return check_labels(labels)
 
 
 class Malformed(BaseModel):

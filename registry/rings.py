@@ -9,14 +9,22 @@ takes every matching device left. A device no ring takes is in none (``None``)."
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 from typing import Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-_LABEL = re.compile(r"[a-z0-9_.-]{1,63}")
+from edge.mqtt_report import LABEL
+
+
+def check_labels(labels: dict[str, str]) -> dict[str, str]:
+    """``labels`` unchanged if every key and value is 1-63 characters ``[a-z0-9_.-]``; ValueError naming the first
+    that is not."""
+    for key, value in labels.items():
+        if not LABEL.fullmatch(key) or not LABEL.fullmatch(value):
+            raise ValueError(f"label {key}={value!r}: keys and values are 1-63 characters [a-z0-9_.-]")
+    return labels
 
 
 class Ring(BaseModel):
@@ -30,10 +38,7 @@ class Ring(BaseModel):
     @field_validator("match")
     @classmethod
     def _labels(cls, match: dict[str, str]) -> dict[str, str]:
-        for key, value in match.items():
-            if not _LABEL.fullmatch(key) or not _LABEL.fullmatch(value):
-                raise ValueError(f"label {key}={value!r}: keys and values are 1-63 characters [a-z0-9_.-]")
-        return match
+        return check_labels(match)
 
 
 class RingSpec(BaseModel):
