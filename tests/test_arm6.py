@@ -4,11 +4,13 @@ gain randomization."""
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import mujoco
 import numpy as np
 import pytest
 
+from stages.sim.arm6 import Arm6
 from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams, apply_params
 from stages.sim.registry import load
@@ -27,20 +29,33 @@ def test_fingertip_kinematics_match_mujoco(arm):
         np.testing.assert_allclose(arm.fingertip(q[None])[0], data.site("fingertip").xpos, atol=1e-12)
 
 
+@dataclass(frozen=True)
+class Arm6SeesItsMarker(Arm6):
+    """arm6 with a frame-position sensor on its mocap target (read from ``sensordata``, not observed): where the
+    physics puts the marker."""
+
+    def edit(self, spec: mujoco.MjSpec) -> None:
+        super().edit(spec)
+        spec.add_sensor(name="marker", type=mujoco.mjtSensor.mjSENS_FRAMEPOS, objtype=mujoco.mjtObj.mjOBJ_XBODY,
+                        objname=self.mocap_body)
+
+
 def test_targets_are_reachable_3d_commands_that_stay_put_and_move_the_mocap_marker(arm):
     target = arm.sample_commands(np.random.default_rng(0), 500)
     assert target[:, 2].min() >= arm.min_target_height and np.ptp(target, axis=0).min() > 0.5  # spread in x, y and z
     assert np.linalg.norm(target - [0, 0, 0.2], axis=1).max() <= 0.3 + 0.25 + 0.08 + 0.06 + 0.07 + 1e-5  # within reach
     assert arm.model.nq == 6  # the target is not in the robot's state
-    env = BatchedEnv(arm, 4, seed=1, nthread=1)
+    seen = Arm6SeesItsMarker()
+    env = BatchedEnv(seen, 4, seed=1, nthread=1)
+    marker = slice(seen.model.sensor_adr[seen.model.sensor("marker").id], None)
     start = env.command.copy()
     assert np.ptp(start, axis=0).min() > 0  # one target per environment
     rng = np.random.default_rng(2)
     for _ in range(arm.episode_steps - 1):
         env.step(rng.uniform(-1, 1, (4, 6)))
         np.testing.assert_array_equal(env.command, start)
-        # the one thread's MjData last stepped env 3: its mocap marker sat at env 3's target
-        np.testing.assert_allclose(env._datas[0].mocap_pos[0], start[3], atol=1e-6)
+        # the simulated marker sits at each environment's target
+        np.testing.assert_allclose(env.sensordata[:, marker], start, atol=1e-6)
     env.step(rng.uniform(-1, 1, (4, 6)))  # the episodes end: new targets
     assert not np.isclose(env.command, start).any(axis=1).all()
 

@@ -9,8 +9,11 @@ A fenced command must parse whole; an inline one may leave out required options 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,15 +116,28 @@ def parse_sim2edge(args: list[str], whole: bool) -> None:
             raise ValueError(e.format_message() if hasattr(e, "format_message") else str(e)) from None
 
 
+MISSING = re.compile(r"the following arguments are required: (?P<listed>.+)|one of the arguments (?P<either>.+) is required")
+"""argparse's own error for required arguments left out."""
+
+
 def parse_agent(args: list[str], whole: bool) -> None:
-    """Parse ``args`` with the agent's argparse parser; not ``whole``: no option is required."""
-    parser = agent_cli.parser()
-    if not whole:
-        for sub in (a for a in parser._actions if a.choices and isinstance(a.choices, dict)):
-            for p in sub.choices.values():
-                for action in p._actions:
-                    action.required = False
-    parser.parse_args(args)
+    """Parse ``args`` with the agent's argparse parser; not ``whole``: each required argument argparse names as missing
+    gets a placeholder and the parse runs again (unknown subcommands and options still fail)."""
+    args = list(args)
+    for _ in range(4):  # one round per argparse level that checks required arguments
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                agent_cli.parser().parse_args(args)
+            return
+        except SystemExit:
+            missing = None if whole else MISSING.search(err.getvalue())
+            if missing is None:
+                sys.stderr.write(err.getvalue())
+                raise
+            names = missing["listed"].split(", ") if missing["listed"] else missing["either"].split()[:1]
+            args += [a for name in names for a in ([name, "0"] if name.startswith("-") else ["0"])]
+    raise ValueError(f"still missing required arguments after placeholders: {args}")
 
 
 @pytest.mark.parametrize("line,command,argv,fenced", COMMANDS, ids=[n for n, *_ in COMMANDS])
