@@ -78,7 +78,7 @@ def test_checkpoint_loads_into_rsl_rl_runner(checkpoint):
     runner = OnPolicyRunner(env, cfg, log_dir=None)
     runner.load(str(checkpoint.path))
     policy = runner.get_inference_policy()
-    assert torch.equal(policy.obs_normalizer._mean, actor_weights(checkpoint.path)["obs_normalizer._mean"])
+    assert torch.equal(policy.obs_normalizer.mean, actor_weights(checkpoint.path)["obs_normalizer._mean"].squeeze(0))
 
 
 def test_export_puts_normalization_and_action_scaling_in_the_graph(checkpoint, tmp_path):
@@ -90,7 +90,7 @@ def test_export_puts_normalization_and_action_scaling_in_the_graph(checkpoint, t
     norm = actor.obs_normalizer
     x = np.random.default_rng(0).normal(size=(50, 5)).astype(np.float32) * 3
     with torch.no_grad():
-        z = (torch.from_numpy(x) - norm._mean) / (norm._std + norm.eps)
+        z = (torch.from_numpy(x) - norm.mean) / (norm.std + norm.eps)
         expected = torch.clamp(actor.mlp(z)[:, :1], -1, 1).numpy()  # cart-pole: scale 1, default 0
     got = OnnxRuntime(exported.path).run(x)
     np.testing.assert_allclose(got, expected, atol=1e-5)
