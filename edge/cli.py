@@ -40,14 +40,17 @@ def transfer_options(args: argparse.Namespace):
 
 
 def tuf_source(args: argparse.Namespace):
-    """``--tuf URL --tuf-root ROOT.json``: the TUF client (edge/tuf_client.py) that pull uses instead of MLflow."""
+    """``--tuf URL --tuf-root ROOT.json``: the TUF client (edge/tuf_client.py) that pull uses instead of MLflow;
+    ``--device-id`` and ``--label`` place the device in a rollout's rings."""
     if not args.tuf:
         return None
     if not args.tuf_root:
         raise ValueError("--tuf needs --tuf-root ROOT.json (the repository's trusted root metadata)")
+    from edge.mqtt_report import parse_labels
     from edge.tuf_client import TufClient
 
-    return lambda store: TufClient(args.tuf, args.tuf_root, store, transfer_options(args))
+    labels = parse_labels(args.label)
+    return lambda store: TufClient(args.tuf, args.tuf_root, store, transfer_options(args), args.device_id, labels)
 
 
 def mqtt_reporter(args: argparse.Namespace):

@@ -263,7 +263,8 @@ def _pull_locked(store: DeviceStore, client: BundleSource, target_ref: BundleRef
     keys = key_ids(trusted)
     staging = store.staging_dir()
     try:
-        check_fresh(store.current_manifest(), target_ref.policy, target_ref.version)
+        if not target_ref.directed:
+            check_fresh(store.current_manifest(), target_ref.policy, target_ref.version)
         if not options.retry_failed:
             _check_not_known_bad(store, target_ref, keys, options.allow_failed_gate)
         manifest = _stored_copy(store, installed, trusted)

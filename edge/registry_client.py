@@ -101,6 +101,9 @@ class BundleRef:
     sha256: Sha256
     size: int
     run_id: str
+    directed: bool = False
+    """A signed rollout plan names this version for the device (edge/rollout_plan.py): it may be older than the
+    active one (a halted ring rolls back); TUF's own rollback protection keeps an old plan from being replayed."""
 
 
 @dataclass(frozen=True)

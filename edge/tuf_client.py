@@ -8,6 +8,9 @@ length or sha256 differ from the signed ``targets.json`` (tampering, endless dat
 in ``<store>/tuf/<sha256 of URL, 16 hex>/``; ``--tuf-root`` seeds it on first use only (a rotated root that
 was verified later stays trusted).
 
+While a staged rollout is under way, ``<policy>`` alone follows the signed ``<policy>/rollout.json`` instead
+(edge/rollout_plan.py): the version of the device's ring, found from ``--device-id`` and ``--label``.
+
 A target's ``custom.sim2edge`` fields (policy, version, target, bundle_sha256) are parsed here like the
 registry's tags: the policy and version must be the ones asked for (``<policy>`` alone means the target
 ``<policy>/latest.tar``) and ``bundle_sha256`` must equal the signed sha256; the bundle's own signed
@@ -30,6 +33,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from edge.errors import CheckFailed
 from edge.registry_client import BundleRef, DownloadStats, RegistryUnavailable, TransferOptions
+from edge.rollout_plan import parse_plan, ring_of, version_for
 from edge.store import DeviceStore
 from edge.values import ArtifactPath, PolicyName, Sha256, Version, shown
 
@@ -67,7 +71,8 @@ class TufClient:
     """``resolve`` and ``download`` as :class:`edge.registry_client.RegistryClient` has them, through TUF."""
 
     def __init__(self, url: str, trusted_root: Path, store: DeviceStore,
-                 options: Optional[TransferOptions] = None) -> None:
+                 options: Optional[TransferOptions] = None, device_id: str = "",
+                 labels: Optional[Dict[str, str]] = None) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme.lower() not in ("http", "https") or not parts.hostname or parts.username or parts.password:
             raise ValueError(f"TUF repository URL {shown(url)} must be http(s)://host[:port][/path], no credentials")
@@ -75,6 +80,8 @@ class TufClient:
         self.trusted_root = trusted_root
         self.store = store
         self.options = options or TransferOptions()
+        self.device_id = device_id
+        self.labels = labels or {}
         self._infos: Dict[str, object] = {}
         self._updater = None
 
@@ -95,9 +102,33 @@ class TufClient:
         self._updater = updater
         return updater
 
+    def _rollout_version(self, policy: str) -> Optional[Version]:
+        """The version a rollout of ``policy`` gives this device, or None when no rollout is published."""
+        updater = self._open()
+        path = f"{policy}/rollout.json"
+        with tuf_errors(self.url):
+            info = updater.get_targetinfo(path)
+            if info is None:
+                return None
+            if info.length > 64 << 10:
+                raise CheckFailed("rollout", f"target {path} declares {info.length} bytes (limit 65536)")
+            where = self.store.inside("tuf", hashlib.sha256(self.url.encode()).hexdigest()[:16] + ".rollout")
+            where.mkdir(parents=True, exist_ok=True)
+            local = Path(updater.download_target(info, str(where / f"{policy}.json")))
+        plan = parse_plan(local.read_bytes(), policy)
+        version = version_for(plan, self.device_id, self.labels)
+        if version is None:
+            ring = ring_of(self.device_id, self.labels, plan.rings)
+            raise CheckFailed("rollout", f"the rollout of {policy} gives device {shown(self.device_id)} "
+                                         f"({'ring ' + ring if ring else 'in no ring'}) no version yet")
+        return version
+
     def resolve(self, ref: str) -> BundleRef:
-        """The target ``<policy>/<version>.tar`` (or ``<policy>/latest.tar``), its custom fields parsed."""
+        """The target ``<policy>/<version>.tar``; ``<policy>`` alone: its rollout's version for this device, else
+        ``<policy>/latest.tar``; custom fields parsed."""
         policy, version = parse_tuf_ref(ref)
+        directed = version is None and self._rollout_version(policy)
+        version = version or directed or None
         path = f"{policy}/{version or 'latest'}.tar"
         updater = self._open()
         with tuf_errors(self.url):
@@ -122,7 +153,7 @@ class TufClient:
             raise CheckFailed("size", f"target {path} declares {info.length} bytes (limit {self.options.max_bytes})")
         self._infos[path] = info
         return BundleRef(policy, got, ArtifactPath.parse(path, f"target path {path}", check="tuf"), sha256,
-                         info.length, "")
+                         info.length, "", directed=bool(directed))
 
     def download(self, ref: BundleRef, part: Path, on_chunk: Optional[Callable[[int], None]] = None) -> DownloadStats:
         """Download the resolved target into ``part``; ngclient checks its length and sha256 (no resume)."""

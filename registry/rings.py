@@ -8,7 +8,6 @@ takes every matching device left. A device no ring takes is in none (``None``)."
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Optional
 
@@ -16,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge.mqtt_report import LABEL
+from edge.rollout_plan import ring_of as device_ring
 
 
 def check_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -61,18 +61,10 @@ class RingSpec(BaseModel):
         return cls.model_validate(yaml.safe_load(Path(path).read_text()))
 
 
-def bucket(device_id: str) -> float:
-    """The device's stable place in [0, 100): the first 8 bytes of SHA-256 of its id."""
-    return int.from_bytes(hashlib.sha256(device_id.encode()).digest()[:8], "big") / 2 ** 64 * 100
-
-
 def ring_of(device_id: str, labels: dict[str, str], spec: RingSpec) -> Optional[str]:
-    """The name of the first ring that takes the device (see the module docstring), or None."""
-    b = bucket(device_id)
-    for ring in spec.rings:
-        if all(labels.get(k) == v for k, v in ring.match.items()) and (ring.percent is None or b < ring.percent):
-            return ring.name
-    return None
+    """The name of the first ring that takes the device (see the module docstring), or None; the device computes
+    its own ring with the same function (edge/rollout_plan.py)."""
+    return device_ring(device_id, labels, spec.rings)
 
 
 def assign(devices: dict[str, dict[str, str]], spec: RingSpec) -> dict[str, Optional[str]]:

@@ -8,6 +8,8 @@ Layout of ``repo`` (served as is; ``consistent_snapshot`` is off, so file names 
     metadata/timestamp.json              the version of snapshot.json; short-lived, re-signed on every publish
     targets/<policy>/<version>.tar       the bundle, byte for byte as registered
     targets/<policy>/latest.tar          a copy of the highest version published (``pull --tuf URL <policy>``)
+    targets/<policy>/rollout.json        while a staged rollout runs: each ring's version (edge/rollout_plan.py);
+                                         devices asking for ``<policy>`` follow it instead of latest.tar
 
 Keys (``keys``, never served): ``root.key``, ``targets.key``, ``snapshot.key``, ``timestamp.key``, each an
 Ed25519 private key (PKCS#8 PEM, mode 0600), made on the first publish; threshold 1 per role.
@@ -21,6 +23,7 @@ Every publish bumps the versions of targets, snapshot and timestamp and renews t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tarfile
@@ -36,20 +39,25 @@ ROLES = ("root", "targets", "snapshot", "timestamp")
 CUSTOM = "sim2edge"
 
 
-class PublishConfig(BaseModel):
-    """One bundle into one repository."""
+class RepoConfig(BaseModel):
+    """A repository, its keys and the lifetimes of what a change re-signs."""
 
     model_config = ConfigDict(frozen=True)
     repo: Path = Field(description="Repository directory (served as static files).")
     keys: Path = Field(description="Directory of the role keys (made on first use; never served).")
-    bundle: Path = Field(description="The bundle tar as registered.")
-    policy: str = Field(description="Registered model the bundle belongs to.")
-    version: str = Field(description="Its registered version.")
     root_days: float = Field(365.0, gt=0, description="Lifetime of root.json.")
     targets_days: float = Field(90.0, gt=0, description="Lifetime of targets.json.")
     snapshot_days: float = Field(7.0, gt=0, description="Lifetime of snapshot.json.")
     timestamp_s: float = Field(86400.0, gt=0, description="Lifetime of timestamp.json: how long a frozen "
                                                           "repository can fool a device.")
+
+
+class PublishConfig(RepoConfig):
+    """One bundle into one repository."""
+
+    bundle: Path = Field(description="The bundle tar as registered.")
+    policy: str = Field(description="Registered model the bundle belongs to.")
+    version: str = Field(description="Its registered version.")
 
 
 class Published(BaseModel):
@@ -105,7 +113,7 @@ def _write(md, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _load_or_init(meta: Path, signers: dict, cfg: PublishConfig) -> dict:
+def _load_or_init(meta: Path, signers: dict, cfg: RepoConfig) -> dict:
     """The four roles as stored, or a new repository (root written at once) whose keys are ``signers``'."""
     from tuf.api.metadata import Metadata, Root, Snapshot, Targets, Timestamp
 
@@ -147,8 +155,6 @@ def _target(repo: Path, path: str, local: Path, custom: dict):
 def publish(cfg: PublishConfig) -> Published:
     """Add ``cfg.bundle`` as target ``<policy>/<version>.tar`` (and ``latest.tar`` if it is the newest), then
     re-sign targets, snapshot and timestamp with bumped versions."""
-    from tuf.api.metadata import MetaFile
-
     m = _manifest(cfg.bundle)
     said = (m["policy"]["name"], str(m["policy"]["version"]))
     if said != (cfg.policy, str(cfg.version)):
@@ -166,6 +172,18 @@ def publish(cfg: PublishConfig) -> Published:
     newest = latest is None or int(latest.unrecognized_fields["custom"][CUSTOM]["version"]) <= int(cfg.version)
     if newest:
         targets.targets[latest_path] = _target(cfg.repo, latest_path, cfg.bundle, custom)
+    _sign(md, signers, meta, cfg)
+    info = targets.targets[path]
+    return Published(target_path=path, latest=newest, sha256=info.hashes["sha256"], size=info.length,
+                     targets_version=targets.version, snapshot_version=md["snapshot"].signed.version,
+                     timestamp_version=md["timestamp"].signed.version)
+
+
+def _sign(md: dict, signers: dict, meta: Path, cfg: RepoConfig) -> None:
+    """Bump and renew targets, snapshot and timestamp, sign them and write them, timestamp last."""
+    from tuf.api.metadata import MetaFile
+
+    targets = md["targets"].signed
     targets.version += 1
     targets.expires = _expiry(cfg.targets_days * 86400)
     snapshot = md["snapshot"].signed
@@ -180,7 +198,43 @@ def publish(cfg: PublishConfig) -> Published:
         md[role].signatures.clear()
         md[role].sign(signers[role])
         _write(md[role], meta / f"{role}.json")
-    info = targets.targets[path]
-    return Published(target_path=path, latest=newest, sha256=info.hashes["sha256"], size=info.length,
-                     targets_version=targets.version, snapshot_version=snapshot.version,
-                     timestamp_version=timestamp.version)
+
+
+def published_versions(repo: Path, policy: str) -> set[str]:
+    """The versions of ``policy`` the repository's signed targets name."""
+    from tuf.api.metadata import Metadata
+
+    path = repo / "metadata" / "targets.json"
+    if not path.exists():
+        return set()
+    found = Metadata.from_file(str(path)).signed.targets
+    return {t.unrecognized_fields["custom"][CUSTOM]["version"] for p, t in found.items()
+            if p.startswith(f"{policy}/") and p.endswith(".tar") and p != f"{policy}/latest.tar"}
+
+
+def write_rollout(cfg: RepoConfig, policy: str, plan: dict) -> int:
+    """Publish ``plan`` (edge/rollout_plan.py's ``rollout.json``; every version it names already published) as
+    target ``<policy>/rollout.json``, or withdraw it when ``plan`` is None; returns the new targets version."""
+    from edge.rollout_plan import parse_plan
+
+    data = json.dumps(plan, sort_keys=True).encode() if plan is not None else None
+    if data is not None:
+        parsed = parse_plan(data, policy)
+        missing = {v for v in [parsed.default, *(r.version for r in parsed.rings)] if v} - published_versions(
+            cfg.repo, policy)
+        if missing:
+            raise ValueError(f"rollout of {policy} names version(s) {sorted(missing)} not published in {cfg.repo}")
+    signers = _signers(cfg.keys)
+    meta = cfg.repo / "metadata"
+    md = _load_or_init(meta, signers, cfg)
+    path = f"{policy}/rollout.json"
+    if data is None:
+        md["targets"].signed.targets.pop(path, None)
+    else:
+        local = cfg.repo / "targets" / policy / "rollout.json.new"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(data)
+        md["targets"].signed.targets[path] = _target(cfg.repo, path, local, {"policy": policy, "rollout": True})
+        local.unlink()
+    _sign(md, signers, meta, cfg)
+    return md["targets"].signed.version

@@ -18,8 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from edge.mqtt_report import Broker, publish
+from edge.rollout_plan import bucket
 from registry.fleet_state import read_fleet
-from registry.rings import RingSpec, assign, bucket, ring_of
+from registry.rings import RingSpec, assign, ring_of
 from tests.bundles import make_keys, publish_versions
 from tests.conftest import free_port, run_cli
 

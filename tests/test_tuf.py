@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.tuf_repo import PublishConfig, publish
+from registry.tuf_repo import PublishConfig, RepoConfig, publish, write_rollout
 from tests.agent_checks import assert_refused, snapshot
 from tests.bundles import make_bundle, make_keys
 from tests.bundles import publish as register
@@ -264,3 +264,49 @@ def test_pull_through_tuf_on_python38(repo, tmp_path):
                        cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.startswith("sim2edge-agent: tuf: LengthOrHashMismatchError"), r.stderr
     assert current(root).endswith("tiny/1")
+
+
+def plan(canary: str | None, rest: str = "1") -> dict:
+    """A rollout of tiny: ring ``canary`` (devices labelled site=lab) at ``canary``, everyone else at ``rest``."""
+    return {"policy": "tiny", "default": rest,
+            "rings": [{"name": "canary", "match": {"site": "lab"}, "percent": None, "version": canary},
+                      {"name": "all", "match": {}, "percent": None, "version": rest}]}
+
+
+def test_a_rollout_gives_each_ring_its_version_and_a_halt_rolls_its_ring_back(repo, tmp_path):
+    priv, pub = make_keys(tmp_path)
+    for v in ("1", "2"):
+        put(repo, priv, tmp_path, v)  # latest.tar is v2
+    cfg = RepoConfig(repo=repo[0], keys=repo[2])
+    write_rollout(cfg, "tiny", plan("2"))
+
+    def device(name: str, site: str) -> subprocess.CompletedProcess:
+        return run_cli("sim2edge-agent", *pull_args(repo, "tiny", tmp_path / name, pub), "--device-id", name,
+                       "--label", f"site={site}")
+
+    r = device("lab-1", "lab")
+    assert r.returncode == 0 and "activated tiny v2" in r.stdout, r.stderr
+    r = device("field-1", "field")  # the rollout holds it at v1 though latest.tar is v2
+    assert r.returncode == 0 and "activated tiny v1" in r.stdout, r.stderr
+    write_rollout(cfg, "tiny", plan("1"))  # the canary ring halted and rolled back
+    r = device("lab-1", "lab")
+    assert r.returncode == 0 and "activated tiny v1" in r.stdout and current(tmp_path / "lab-1").endswith("/1"), r.stderr
+    before = (repo[0] / "metadata/targets.json").read_bytes()
+    with pytest.raises(ValueError, match=r"version\(s\) \['9'\] not published"):
+        write_rollout(cfg, "tiny", plan("9"))
+    assert (repo[0] / "metadata/targets.json").read_bytes() == before
+    r = device("field-2", "field")
+    assert r.returncode == 0 and "activated tiny v1" in r.stdout, r.stderr
+    write_rollout(cfg, "tiny", None)  # the rollout withdrawn: devices follow latest.tar again
+    r = device("field-2", "field")
+    assert r.returncode == 0 and "activated tiny v2" in r.stdout, r.stderr
+
+
+def test_a_ring_without_a_version_leaves_the_device_as_it_is(repo, tmp_path):
+    priv, pub = make_keys(tmp_path)
+    put(repo, priv, tmp_path, "1")
+    write_rollout(RepoConfig(repo=repo[0], keys=repo[2]), "tiny", {**plan("1"), "default": None,
+                  "rings": [{"name": "canary", "match": {"site": "lab"}, "percent": None, "version": "1"}]})
+    r = run_cli("sim2edge-agent", *pull_args(repo, "tiny", tmp_path / "dev", pub), "--device-id", "dev")
+    assert r.returncode == 1 and "rollout:" in r.stderr and "(in no ring) no version yet" in r.stderr, r.stderr
+    assert not (tmp_path / "dev" / "current").exists()
