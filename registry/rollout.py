@@ -1,0 +1,160 @@
+"""A staged rollout as a state machine: rings in order, each judged on its devices' state reports.
+
+The reference is AWS IoT Greengrass v2's deployment job (abort criteria: a failure-percentage threshold
+once a minimum number of devices executed; roll back on failure) and Mender's phased deployments.
+:func:`judge` is pure: state and reports in, state out. The flow (flows/rollout.py) reads the reports
+(registry/fleet_state.py), publishes :func:`plan` as the signed ``rollout.json`` devices follow
+(edge/rollout_plan.py) and saves the state after every step, so a crashed flow resumes where it was
+and writes the same plan again instead of promoting twice.
+
+A device of the current ring (its ring from its labels and id, registry/rings.py) is
+- **succeeded** when it reports the new version with health ``ok``;
+- **failed** when it refused the new version (its ``last_refusal``), rolled back from it after a failed
+  health check, or reports it ``corrupt``;
+- **timed out** when neither, ``ring_timeout_s`` after its ring started.
+The ring **halts** — its devices go back to the previous version, the rollout stops — as soon as at
+least ``min_devices`` (or every device of the ring known so far) have succeeded, failed or timed out and more than
+``abort_failed_percent`` of those did not succeed. A ring whose devices all succeeded soaks for
+``soak_s`` (failures still count) and then passes; the next ring starts. ``abort`` sends every ring
+back to the previous version."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from registry.fleet_state import DeviceReport
+from registry.rings import RingSpec, ring_of
+
+RingStatus = Literal["waiting", "rolling", "soaking", "passed", "halted"]
+Status = Literal["running", "paused", "halted", "done", "aborted"]
+ENDED = ("halted", "done", "aborted")
+SHOWN_DEVICES = 10
+
+
+class RolloutConfig(BaseModel):
+    """What to roll out, to which rings, and when to stop."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    policy: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+    version: str = Field(pattern=r"^[1-9][0-9]{0,9}$", description="The version rolled out.")
+    previous: Optional[str] = Field(None, pattern=r"^[1-9][0-9]{0,9}$",
+                                    description="The version devices go back to (None: nothing before it).")
+    rings: RingSpec
+    abort_failed_percent: float = Field(5.0, ge=0, le=100)
+    min_devices: int = Field(1, ge=1, description="Devices of a ring that must have executed before it is judged.")
+    soak_s: float = Field(60.0, ge=0, description="How long a ring whose devices all succeeded is watched.")
+    ring_timeout_s: float = Field(900.0, gt=0, description="A device not on the version by then has timed out.")
+
+
+class RingProgress(BaseModel):
+    """One ring's standing at the last judgement."""
+
+    name: str
+    status: RingStatus = "waiting"
+    started: Optional[float] = None
+    soak_started: Optional[float] = None
+    devices: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    failed_devices: list[str] = []
+    reason: str = ""
+
+
+class RolloutState(BaseModel):
+    """The rollout as saved between steps."""
+
+    config: RolloutConfig
+    status: Status = "running"
+    ring: int = 0
+    rings: list[RingProgress]
+    reason: str = ""
+    published: Optional[dict] = Field(None, description="The last plan written to the repository.")
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+
+def start(config: RolloutConfig, now: float) -> RolloutState:
+    """A new rollout: its first ring rolling."""
+    rings = [RingProgress(name=r.name) for r in config.rings.rings]
+    rings[0] = rings[0].model_copy(update={"status": "rolling", "started": now})
+    return RolloutState(config=config, rings=rings)
+
+
+def _outcome(report: DeviceReport, cfg: RolloutConfig, started: float, now: float) -> str:
+    """``succeeded``, ``failed``, ``timed_out`` or ``pending`` for one device of the current ring."""
+    refusal, error = report.last_refusal or {}, report.last_error or {}
+    if (str(refusal.get("policy")), str(refusal.get("version"))) == (cfg.policy, cfg.version) and \
+            float(refusal.get("time") or 0) >= started:
+        return "failed"
+    if report.health == "rolled-back" and str(error.get("version")) == cfg.version:
+        return "failed"
+    if (report.policy, report.version) == (cfg.policy, cfg.version):
+        return "succeeded" if report.health == "ok" else "failed"
+    return "timed_out" if now - started >= cfg.ring_timeout_s else "pending"
+
+
+def _count(progress: RingProgress, reports: list[DeviceReport], cfg: RolloutConfig, now: float) -> RingProgress:
+    mine = [r for r in reports if r.policy in (cfg.policy, None)
+            and ring_of(r.device, r.labels, cfg.rings) == progress.name]
+    outcomes = {r.device: _outcome(r, cfg, now if progress.started is None else progress.started, now) for r in mine}
+    failed = sorted(d for d, o in outcomes.items() if o == "failed")
+    return progress.model_copy(update={
+        "devices": len(mine), "succeeded": sum(o == "succeeded" for o in outcomes.values()), "failed": len(failed),
+        "timed_out": sum(o == "timed_out" for o in outcomes.values()), "failed_devices": failed[:SHOWN_DEVICES]})
+
+
+def judge(state: RolloutState, reports: list[DeviceReport], now: float) -> RolloutState:
+    """The rollout after looking at ``reports`` at time ``now`` (see the module docstring)."""
+    if state.ended or state.status == "paused":
+        return state
+    cfg, rings = state.config, list(state.rings)
+    ring = _count(rings[state.ring], reports, cfg, now)
+    executed = ring.succeeded + ring.failed + ring.timed_out
+    bad = ring.failed + ring.timed_out
+    judged = executed >= cfg.min_devices or (executed and executed == ring.devices)
+    if judged and 100 * bad / executed > cfg.abort_failed_percent:
+        why = (f"ring {ring.name}: {bad} of {executed} devices failed or timed out "
+               f"(threshold {cfg.abort_failed_percent:g}%): {', '.join(ring.failed_devices) or 'timed out'}")
+        rings[state.ring] = ring.model_copy(update={"status": "halted", "reason": why})
+        return state.model_copy(update={"rings": rings, "status": "halted", "reason": why})
+    if ring.succeeded < ring.devices:
+        rings[state.ring] = ring
+        return state.model_copy(update={"rings": rings})
+    soak_started = ring.soak_started if ring.soak_started is not None else now
+    if now - soak_started < cfg.soak_s:
+        rings[state.ring] = ring.model_copy(update={"status": "soaking", "soak_started": soak_started})
+        return state.model_copy(update={"rings": rings})
+    rings[state.ring] = ring.model_copy(update={"status": "passed", "soak_started": soak_started})
+    if state.ring + 1 == len(rings):
+        return state.model_copy(update={"rings": rings, "status": "done", "reason": "every ring passed"})
+    rings[state.ring + 1] = rings[state.ring + 1].model_copy(update={"status": "rolling", "started": now})
+    return state.model_copy(update={"rings": rings, "ring": state.ring + 1})
+
+
+def control(state: RolloutState, command: str) -> RolloutState:
+    """``pause``, ``resume`` or ``abort`` applied (an ended rollout stays as it is)."""
+    if state.ended:
+        return state
+    if command == "pause":
+        return state.model_copy(update={"status": "paused", "reason": "paused by the operator"})
+    if command == "resume":
+        return state.model_copy(update={"status": "running", "reason": ""})
+    if command == "abort":
+        return state.model_copy(update={"status": "aborted", "reason": "aborted by the operator"})
+    raise ValueError(f"rollout command {command!r}: expected pause, resume or abort")
+
+
+def plan(state: RolloutState) -> dict:
+    """The ``rollout.json`` devices follow (edge/rollout_plan.py): the new version for every ring that started and
+    has not halted; the previous one elsewhere (everywhere once aborted); devices in no ring move when it is done."""
+    cfg = state.config
+    new = {"rolling", "soaking", "passed"} if state.status != "aborted" else set()
+    rings = [{"name": r.name, "match": dict(r.match), "percent": r.percent,
+              "version": cfg.version if p.status in new else cfg.previous}
+             for r, p in zip(cfg.rings.rings, state.rings)]
+    return {"policy": cfg.policy, "rings": rings, "default": cfg.version if state.status == "done" else cfg.previous}
