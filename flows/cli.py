@@ -1,7 +1,7 @@
 """``sim2edge``: run the pipeline, start the servers, list tasks and targets.
 
-The commands live by group in ``cli_pipeline``, ``cli_fleet``, ``cli_catalog``, ``cli_artifacts`` and
-``cli_team``; this module only assembles them, in the order ``--help`` lists them."""
+The commands live by group in ``cli_pipeline``, ``cli_fleet``, ``cli_rollout``, ``cli_catalog``,
+``cli_artifacts`` and ``cli_team``; this module only assembles them, in the order ``--help`` lists them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from flows import cli_artifacts, cli_catalog, cli_fleet, cli_pipeline, cli_team
+from flows import cli_artifacts, cli_catalog, cli_fleet, cli_pipeline, cli_rollout, cli_team
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="sim2edge: run the pipeline, start the servers, list tasks and targets.")
@@ -21,6 +21,7 @@ app.add_typer(cli_catalog.gate_app, name="gate")
 app.add_typer(cli_artifacts.keys_app, name="keys")
 app.add_typer(cli_artifacts.dataset_app, name="dataset")
 app.add_typer(cli_team.users_app, name="users")
+app.add_typer(cli_rollout.rollout_app, name="rollout")
 app.command("package")(cli_artifacts.package_image)
 app.command("import")(cli_artifacts.import_policy)
 

@@ -58,6 +58,8 @@ class PublishConfig(RepoConfig):
     bundle: Path = Field(description="The bundle tar as registered.")
     policy: str = Field(description="Registered model the bundle belongs to.")
     version: str = Field(description="Its registered version.")
+    move_latest: bool = Field(True, description="Point <policy>/latest.tar at it when it is the newest (a staged "
+                                                "rollout publishes without: its rollout.json directs devices).")
 
 
 class Published(BaseModel):
@@ -169,7 +171,8 @@ def publish(cfg: PublishConfig) -> Published:
     targets.targets[path] = _target(cfg.repo, path, cfg.bundle, custom)
     latest_path = f"{cfg.policy}/latest.tar"
     latest = targets.targets.get(latest_path)
-    newest = latest is None or int(latest.unrecognized_fields["custom"][CUSTOM]["version"]) <= int(cfg.version)
+    newest = cfg.move_latest and (latest is None or
+                                  int(latest.unrecognized_fields["custom"][CUSTOM]["version"]) <= int(cfg.version))
     if newest:
         targets.targets[latest_path] = _target(cfg.repo, latest_path, cfg.bundle, custom)
     _sign(md, signers, meta, cfg)

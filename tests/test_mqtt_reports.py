@@ -4,11 +4,9 @@ lets each device write its own topic only; and the rings devices fall in (regist
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -23,6 +21,7 @@ from registry.fleet_state import read_fleet
 from registry.rings import RingSpec, assign, ring_of
 from tests.bundles import make_keys, publish_versions
 from tests.conftest import free_port, run_cli
+from tests.servers import start_mosquitto
 
 USERS = {"dev-a": "pw-a", "dev-b": "pw-b", "sim2edge-reader": "pw-r", "admin": "pw-admin"}
 if not shutil.which("mosquitto"):
@@ -30,26 +29,7 @@ if not shutil.which("mosquitto"):
 
 
 def start_broker(d: Path, port: int) -> subprocess.Popen:
-    """mosquitto on 127.0.0.1:``port`` with its config, password and ACL files in ``d``; returns once it listens."""
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "passwd").write_text("".join(f"{u}:{p}\n" for u, p in USERS.items()))
-    subprocess.run(["mosquitto_passwd", "-U", str(d / "passwd")], check=True)
-    (d / "acl").write_text("user sim2edge-reader\ntopic read sim2edge/#\n\nuser admin\ntopic readwrite sim2edge/#\n\n"
-                           "pattern readwrite sim2edge/+/%u/state\n")
-    (d / "mosquitto.conf").write_text(f"user {getpass.getuser()}\nper_listener_settings false\n"
-                                      f"listener {port} 127.0.0.1\nallow_anonymous false\n"
-                                      f"password_file {d}/passwd\nacl_file {d}/acl\npersistence false\n"
-                                      f"log_dest file {d}/mosquitto.log\n")
-    proc = subprocess.Popen(["mosquitto", "-c", str(d / "mosquitto.conf")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
-            time.sleep(0.05)
+    return start_mosquitto(d, port, USERS)
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -3,12 +3,9 @@ publish → pull installs and runs; each attack is refused with `current` untouc
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,6 +17,7 @@ from tests.agent_checks import assert_refused, snapshot
 from tests.bundles import make_bundle, make_keys
 from tests.bundles import publish as register
 from tests.conftest import free_port, run_cli
+from tests.servers import start_nginx, stop_nginx
 
 pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="needs Debian's nginx (make nginx)")
 
@@ -28,35 +26,10 @@ pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="needs Deb
 def nginx(tmp_path_factory):
     """nginx as this test's own process: serves ``<dir>/www`` on a loopback port; yields (www, base URL)."""
     d = tmp_path_factory.mktemp("nginx")
-    (d / "www").mkdir()
     port = free_port()
-    temp = "\n".join(f"  {kind}_temp_path {d}/{kind};" for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    (d / "nginx.conf").write_text(f"""daemon off;
-user {getpass.getuser()};
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log;
-events {{ worker_connections 64; }}
-http {{
-  access_log {d}/access.log;
-{temp}
-  default_type application/octet-stream;
-  server {{ listen 127.0.0.1:{port}; root {d}/www; }}
-}}
-""")
-    proc = subprocess.Popen(["nginx", "-e", str(d / "error.log"), "-c", str(d / "nginx.conf"), "-p", str(d)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, (d / "error.log").read_text()
-            time.sleep(0.05)
+    proc = start_nginx(d, port)
     yield d / "www", f"http://127.0.0.1:{port}"
-    os.kill(int((d / "nginx.pid").read_text()), signal.SIGTERM)  # fast shutdown
-    proc.wait(timeout=10)
+    stop_nginx(d, proc)
 
 
 @pytest.fixture()
