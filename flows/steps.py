@@ -24,6 +24,7 @@ from stages.sim.registry import load
 from stages.twin.calibrate import CalibrateConfig, calibrate
 from stages.twin.hil_evaluate import HilReport
 from stages.twin.hil_stage import HilSettings, hil_metrics, run_hil_stage
+from stages.twin.report import write_hil
 
 Source = Literal["standin", "folder", "registry"]
 
@@ -90,5 +91,7 @@ def hil_step(ctx: RunContext, cfg: HilSettings, bundle: Path, trusted: Path, onn
         run.tags({"sim2edge.hil_gate": "pass" if report.passed else "fail",
                   "sim2edge.hil_runtime": report.device_runtime or "unknown"})
         run.text("hil.json", report.to_json())
+        out.mkdir(parents=True, exist_ok=True)
+        run.artifact(write_hil(json.loads(report.to_json()), out / "hil.html"))
         log_gate(ctx.client, run.run_id, report.checks)
     return report

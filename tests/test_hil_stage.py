@@ -19,6 +19,7 @@ from flows.run_config import RunConfigError, resolve
 from stages.twin.hil import hil_task
 from stages.twin.hil_link import DeviceLink
 from stages.twin.hil_stage import HilSettings, hil_metrics, run_hil_stage
+from stages.twin.report import write_hil
 from tests.bundles import make_keys
 from tests.test_hil import cartpole_store
 
@@ -55,6 +56,9 @@ def test_local_bench_device_serves_the_signed_bundle_for_the_stage_only(tmp_path
     m = hil_metrics(report)
     assert m["hil.gate_passed"] == 1.0 and m["hil.nominal.falls"] == 0 and m["hil.nominal.rtt_ms_p99"] < 20
     assert m["hil.nominal.mean_return"] == pytest.approx(m["hil.nominal.in_process_mean_return"], rel=0.05)
+    page = write_hil(json.loads(report.to_json()), tmp_path / "hil.html").read_text()
+    assert "<span id=verdict>PASSED</span>" in page and "onnxruntime (CPUExecutionProvider)" in page
+    assert "<th>return in-process (95%)</th><th>return HIL (95%)</th>" in page and "<td>nominal</td>" in page
 
     _, other = make_keys(tmp_path, "other")
     with pytest.raises(CheckFailed, match="signature"):  # the bench device trusts only the workspace's key
@@ -68,7 +72,7 @@ def stage_run(client: MlflowClient, parent_id: str, name: str):
     return next(r for r in runs if r.info.run_name == name)
 
 
-@pytest.mark.slow  # two pipeline runs: ~85 s on 2 cores, after the harness and the MLflow server start
+@pytest.mark.slow  # two pipeline runs: 60–105 s on 2 cores, after the harness and the MLflow server start (~90 s)
 def test_hil_stage_logs_results_and_a_failing_hil_gate_keeps_a_challenger(mlflow_server, prefect_harness, tmp_path):
     from flows.sim_to_edge import sim_to_edge
 
@@ -88,6 +92,8 @@ def test_hil_stage_logs_results_and_a_failing_hil_gate_keeps_a_challenger(mlflow
     assert doc["device"].startswith("udp://127.0.0.1:") and doc["seed"] == TINY["seed"] + 1000
     row = doc["scenarios"][0]
     assert 0 < row["hil"]["steps"] <= 40 and row["device"]["observations"] >= row["hil"]["steps"]  # it may fall
+    page = Path(client.download_artifacts(run.info.run_id, "hil.html", str(tmp_path))).read_text()
+    assert "<span id=verdict>PASSED</span>" in page and "<th>success HIL</th>" in page
     gate = json.loads(Path(client.download_artifacts(run.info.run_id, "gate.json", str(tmp_path))).read_text())
     assert gate["passed"] and len(gate["checks"]) == 3
     mv = client.get_model_version(lenient.policy, lenient.version)
