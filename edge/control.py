@@ -134,7 +134,8 @@ class ControlLoop:
             samples.append(value)
 
     def stats(self) -> dict:
-        """Counters since start, and act() and wake-up lateness percentiles (µs) over the last window."""
+        """Counters since start, the runtime serving (name, providers), and act() and wake-up lateness percentiles
+        (µs) over the last window."""
         with self._samples:
             act, late = list(self.act_times), list(self.lateness)
             counts = dict(self.counts)
@@ -144,6 +145,7 @@ class ControlLoop:
 
         m = self.policy.manifest["policy"]
         return dict(counts, policy=m["name"], version=str(m["version"]), period_s=self.period, window=len(act),
+                    runtime=self.policy.runtime.name, providers=list(self.policy.runtime.providers),
                     watchdog=self.silent >= self.watchdog_periods,
                     uptime_s=round(time.monotonic() - self._started, 3) if self._started else 0.0,
                     act_p50_us=pct(act, 50), act_p99_us=pct(act, 99), wake_late_p99_us=pct(late, 99),

@@ -120,7 +120,8 @@ def champion_for(ctx: RunContext, version: Optional[ModelVersion], obs_dim: int,
 
 def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds: Dataset, out: Path,
                      timings: dict[str, float], warm_start: bool) -> PipelineSummary:
-    """calibrate → train (optionally from the champion) → export → evaluate (vs the champion) → package → register."""
+    """calibrate → train (optionally from the champion) → export → evaluate (vs the champion) → package →
+    hil_evaluate (when ``params.hil``) → register."""
     with timed(timings, "calibrate"):
         cfg = CalibrateConfig(**params.calibrate.model_dump(), seed=params.seed)
         twin = cached(ctx, "calibrate", out, calibrate_stage, ctx, cfg, ds, out / "twin")
@@ -137,15 +138,17 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
         report = cached(ctx, "evaluate", out, evaluate_stage, ctx, cfg, params, policy, twin, out / "evaluation",
                         champion, shards, champion_shards)
     with timed(timings, "package + register"):
-        bundle, version, alias = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle",
+        bundle, version, alias, hil = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle",
                                                       seen.version if seen else None)
     summary = PipelineSummary(
         policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
         mean_return=report.mean_return, gate_reasons=report.reasons,
-        gate_checks=tuple(Check(**c) for c in json.loads(report.path.read_text())["checks"]), bundle_sha256=bundle.digest,
+        gate_checks=tuple(Check(**c) for c in json.loads(report.path.read_text())["checks"]),
+        hil_checks=hil.checks if hil else (), bundle_sha256=bundle.digest,
         mlflow_run_id=ctx.parent_run_id, tracking_uri=ctx.tracking_uri,
         pull_command=pull_command(params.policy_name, alias, ws, ctx.tracking_uri,
-                                  () if report.passed else tuple(r for r in report.reasons if not r.startswith("pass"))),
+                                  tuple(r for r in report.reasons if not r.startswith("pass"))
+                                  + tuple(c.name for c in (hil.checks if hil else ()) if not c.passed)),
         stage_seconds=timings,
         dataset_version=ds.version, warm_started_from=champion.version if champion and start_from else None,
         compared_with=champion.version if champion else None, champion_mean_return=report.champion_mean_return,
@@ -165,6 +168,7 @@ def headline_metrics(s: PipelineSummary) -> dict[str, float]:
               **{f"mean_return.{metric_name(r.name)}": r.mean_return for r in s.scenarios},
               **{f"sim_to_real_rmse.{metric_name(k)}": v for k, v in (s.sim_to_real_gap or {}).items()},
               **{f"seconds.{metric_name(k)}": v for k, v in s.stage_seconds.items()},
+              **({"hil_gate_passed": float(all(c.passed for c in s.hil_checks))} if s.hil_checks else {}),
               "seconds.total": sum(s.stage_seconds.values())}
     if s.compared_with:
         values.update(champion_success_rate=s.champion_success_rate, champion_mean_return=s.champion_mean_return)
@@ -207,6 +211,7 @@ def summary_markdown(s: PipelineSummary) -> str:
                        f"{s.sim_to_real_gap['twin']:.4f}, uncalibrated model {s.sim_to_real_gap['uncalibrated']:.4f}")
     # words, not only emoji: without an emoji font both render as the same box
     gate = "\n".join(f"| {r.split(': ', 1)[1]} | {'pass' if r.startswith('pass') else 'FAIL'} |" for r in s.gate_reasons)
+    gate += "".join(f"\n| HIL: {c.name} ({c.detail}) | {'pass' if c.passed else 'FAIL'} |" for c in s.hil_checks)
     rows = "\n".join(f"| {k} | {v:.1f} s |" for k, v in s.stage_seconds.items())
     lineage_line = (f"Dataset v{s.dataset_version:04d}"
                     + (f"; warm-started from v{s.warm_started_from}" if s.warm_started_from else "")

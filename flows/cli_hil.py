@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -33,6 +34,7 @@ def _ci(values: list[float], fmt: str) -> str:
 def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params, label: str, out: Path) -> None:
     """Run, print the side-by-side table and the verdict line, write ``out``; exit 1 when the gate fails."""
     from stages.twin.hil_evaluate import hil_evaluate, load_gate
+    from stages.twin.report import write_hil
 
     try:
         cfg.select(task)
@@ -57,7 +59,9 @@ def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params,
     console.print(table)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(report.to_json())
+    write_hil(json.loads(report.to_json()), out.with_suffix(".html"))
     console.print(f"HIL gate {verdict(report.checks, width=240)}", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"result {out}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"result {out} ({out.with_suffix('.html').name} beside it)", markup=False, highlight=False,
+                  soft_wrap=True)
     if not report.passed:
         raise typer.Exit(1)

@@ -12,6 +12,7 @@ from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
 from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.gate import Check, GateConfig
+from stages.twin.hil_stage import HilSettings
 
 
 class TrainSettings(BaseModel):
@@ -72,6 +73,8 @@ class PipelineParams(BaseModel):
     eval_episodes: int = Field(32, ge=1, description="Seeded evaluation episodes per scenario of the suite.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Floors the policy must clear.")
     promote: bool = Field(True, description="Set `champion` when the gate passes (else always `challenger`).")
+    hil: Optional[HilSettings] = Field(None, description="Hardware-in-the-loop evaluation of the packaged bundle before "
+                                       "register (None: none); a failing HIL gate keeps the version a `challenger`.")
     model_prefix: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$", max_length=64,
                               description="Prefix of the registered model's name (`<prefix><task>`, e.g. `lab-a.`), "
                                           "so pipelines sharing one registry do not collide.")
@@ -126,6 +129,8 @@ class PipelineSummary(BaseModel):
     gate_reasons: tuple[str, ...]
     gate_checks: tuple[Check, ...] = ()
     """The same clauses, structured (the evaluation report's ``checks``)."""
+    hil_checks: tuple[Check, ...] = ()
+    """The HIL gate's clauses (empty: no HIL stage)."""
     bundle_sha256: str
     mlflow_run_id: str
     tracking_uri: str

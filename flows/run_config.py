@@ -9,7 +9,7 @@ so one file drives a CLI run and a deployment run. A mistake is one line naming 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -61,6 +61,7 @@ def allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
     """The field names at ``loc``'s parent inside ``model`` (for 'extra key' messages)."""
     for part in loc[:-1]:
         annotation = model.model_fields[str(part)].annotation if str(part) in model.model_fields else None
+        annotation = next((a for a in get_args(annotation) if a is not type(None)), annotation)  # Optional[Model]
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation

@@ -24,7 +24,7 @@ from edge.bundle import sha256_path
 from flows.caching import stage_key, task_version
 from flows.params import PipelineParams
 from flows.promotion import promote_slot
-from flows.steps import calibrate_step, collect_step
+from flows.steps import calibrate_step, collect_step, hil_step
 from flows.workspace import Workspace
 from registry import models, policy_model
 from registry.tracking import RunContext, stage_run
@@ -37,6 +37,8 @@ from stages.sim.registry import reference as task_reference
 from stages.train import TrainConfig, train
 from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.evaluate import Champion, EvalConfig, Shard, ShardJob, evaluate, run_shard
+from stages.twin.hil_evaluate import HilReport
+from stages.twin.hil_stage import failed_clauses
 
 
 TRANSIENT = (ConnectionError, TimeoutError, urllib.error.URLError, requests.exceptions.ConnectionError,
@@ -140,8 +142,9 @@ def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: PipelineParams, pol
 @task(**REGISTRY_IO)
 def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace, ds: Dataset, twin: TwinSpec,
                          ckpt: Checkpoint, policy: ExportedPolicy, report: EvalReport, out: Path,
-                         expected_champion: Optional[str]) -> tuple[BundleArtifact, str, str]:
-    """Reserve a model version, write the signed bundle for it, log it, then tag and move the alias."""
+                         expected_champion: Optional[str]) -> tuple[BundleArtifact, str, str, Optional[HilReport]]:
+    """Reserve a model version, write the signed bundle for it, log it, evaluate it over hardware-in-the-loop when
+    ``params.hil`` is set, then tag and move the alias (a failing HIL gate keeps it a challenger, tagged why)."""
     cfg = PackageConfig(target=params.target)
     client = ctx.client
     with stage_run(ctx, "package", cfg.model_dump()) as run:
@@ -161,16 +164,27 @@ def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace,
             client.delete_model_version(params.policy_name, version)
             client.finalize_logged_model(model.model_id, "FAILED")
             raise
+    hil, hil_tags = None, {}
+    if params.hil is not None:
+        try:
+            hil = hil_step(ctx, params.hil, bundle.path, ws.keys_dir / "signing.pub", policy.path, params.task, twin,
+                           params.seed + 1000, out / "hil")
+        except BaseException:
+            client.delete_model_version(params.policy_name, version)
+            client.finalize_logged_model(model.model_id, "FAILED")
+            raise
+        hil_tags = {"sim2edge.hil_gate": "pass" if hil.passed else "fail",
+                    **({} if hil.passed else {"sim2edge.not_promoted": failed_clauses(hil)})}
     with stage_run(ctx, "register", {"model": params.policy_name, "version": version}) as run, \
             promote_slot(params.policy_name):
         alias = models.publish(client, params.policy_name, version, bundle_path, bundle.digest, bundle.path.stat().st_size,
-                               report.passed and params.promote,
+                               report.passed and (hil is None or hil.passed) and params.promote,
                                {"sim2edge.success_rate": report.success_rate, "sim2edge.mean_return": report.mean_return,
                                 "sim2edge.dataset_digest": ds.digest, "sim2edge.twin_digest": twin.digest,
-                                "sim2edge.pipeline_run_id": ctx.parent_run_id, **task_tags(params.task)},
+                                "sim2edge.pipeline_run_id": ctx.parent_run_id, **task_tags(params.task), **hil_tags},
                                expected_champion)
         run.tags({"sim2edge.alias": alias})
-    return bundle, version, alias
+    return bundle, version, alias, hil
 
 
 def task_tags(task: str) -> dict[str, str]:

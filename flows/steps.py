@@ -7,10 +7,12 @@ The Prefect flows wrap these as tasks; the standalone commands (``sim2edge colle
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Literal, Optional
 
+from flows.gate import log_gate
 from flows.workspace import Workspace
 from registry import telemetry
 from registry.datasets import log_dataset_input
@@ -20,6 +22,9 @@ from stages.collect.ingest import StandinConfig, ingest_folder, record_standin
 from stages.collect.store import DatasetStore, IngestReport
 from stages.sim.registry import load
 from stages.twin.calibrate import CalibrateConfig, calibrate
+from stages.twin.hil_evaluate import HilReport
+from stages.twin.hil_stage import HilSettings, hil_metrics, run_hil_stage
+from stages.twin.report import write_hil
 
 Source = Literal["standin", "folder", "registry"]
 
@@ -75,3 +80,18 @@ def calibrate_step(ctx: RunContext, cfg: CalibrateConfig, dataset: Dataset, out:
                   "sim2edge.unidentified": ",".join(twin.unidentified) or "none"})
         run.artifact(out, "twin")
     return twin.model_copy(update={"run_id": run.run_id})
+
+
+def hil_step(ctx: RunContext, cfg: HilSettings, bundle: Path, trusted: Path, onnx: Path, task_ref: str,
+             twin: TwinSpec, seed: int, out: Path) -> HilReport:
+    """The packaged bundle over hardware-in-the-loop; log its metrics, verdict, clauses and ``hil.json``."""
+    with stage_run(ctx, "hil_evaluate", {**cfg.model_dump(), "seed": seed}) as run:
+        report = run_hil_stage(cfg, bundle, trusted, onnx, task_ref, twin.params, seed, out)
+        run.metrics({re.sub(r"[^\w./ -]", "_", k): v for k, v in hil_metrics(report).items()})
+        run.tags({"sim2edge.hil_gate": "pass" if report.passed else "fail",
+                  "sim2edge.hil_runtime": report.device_runtime or "unknown"})
+        run.text("hil.json", report.to_json())
+        out.mkdir(parents=True, exist_ok=True)
+        run.artifact(write_hil(json.loads(report.to_json()), out / "hil.html"))
+        log_gate(ctx.client, run.run_id, report.checks)
+    return report

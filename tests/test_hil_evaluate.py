@@ -42,6 +42,9 @@ def test_clean_link_passes_the_hil_floors_beside_in_process(served, tmp_path):
     assert "HIL gate pass 4/4" in done.output and "gain-15%" in done.output and "damping" not in done.output
     doc = json.loads(out.read_text())
     assert doc["passed"] and [r["scenario"] for r in doc["scenarios"]] == ["nominal", "gain-15%"]
+    assert doc["device_runtime"] == "onnxruntime (CPUExecutionProvider)"  # the agent's own statistics name it
+    page = out.with_suffix(".html").read_text()  # the same side by side, as HTML
+    assert "<span id=verdict>PASSED</span>" in page and "<td>gain-15%</td>" in page
     for r in doc["scenarios"]:
         base, hil = r["in_process"], r["hil"]
         assert hil["episodes"] == 2 and hil["steps"] == 2 * STEPS and hil["falls"] == base["falls"] == 0

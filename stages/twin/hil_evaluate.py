@@ -7,9 +7,8 @@ scenario, the round-trip p99 against a fraction of the control period, and HIL r
 non-inferior to in-process returns (the paired per-episode difference over the suite). A
 scenario's ``extra_latency_steps`` applies in-process only: over HIL the link is the latency.
 
-A Prefect ``hil_evaluate`` stage would call :func:`hil_evaluate` after ``evaluate`` with the
-exported ONNX and the twin's parameters when a device address is configured, log ``to_json()`` and
-its checks like ``gate.json``, and keep the version a challenger when ``passed`` is false.
+The pipeline's ``hil_evaluate`` stage (``stages.twin.hil_stage``) runs it on the packaged bundle
+after ``package`` when ``hil`` is set in its parameters; a failing HIL gate keeps the version a challenger.
 """
 
 from __future__ import annotations
@@ -98,6 +97,8 @@ class HilReport(BaseModel):
     paired_difference_ci95: tuple[float, float]
     gate: HilGateConfig
     checks: tuple[Check, ...]
+    device_runtime: Optional[str] = Field(None, description="The runtime the device chose, e.g. 'onnxruntime "
+                                          "(CPUExecutionProvider)', from its statistics (None: it did not say).")
 
     @property
     def passed(self) -> bool:
@@ -126,6 +127,14 @@ def device_counters(r: HilResult) -> Optional[dict]:
     return {**grown, **{k: r.device_after[k] for k in ("act_p50_us", "act_p99_us", "wake_late_p99_us")}}
 
 
+def device_runtime(r: HilResult) -> Optional[str]:
+    """The runtime serving on the device and its providers, as its statistics (S2S1) name them."""
+    stats = r.device_after or r.device_before or {}
+    if "runtime" not in stats:
+        return None
+    return f"{stats['runtime']} ({', '.join(stats.get('providers', []))})"
+
+
 def hil_checks(gate: HilGateConfig, rows: list[dict], rtt_p99_ms: float, period_s: float,
                paired_low: float) -> list[Check]:
     """Deadline misses per scenario; the round-trip budget and paired non-inferiority over the suite."""
@@ -146,7 +155,7 @@ def hil_evaluate(cfg: HilSuiteConfig, gate: HilGateConfig, onnx: Path, task_ref:
     """Each selected scenario in-process and over HIL on the same seeds; the HIL gate over the results."""
     task = hil_task(task_ref, cfg.max_steps)
     params = params or task.nominal_params()
-    rows, diffs, rtts = [], [], []
+    rows, diffs, rtts, runtime = [], [], [], None
     for sc in cfg.select(task_ref):
         base = in_process(onnx, task_ref, sc, params, cfg)
         hil = run_hil(HilConfig(device=cfg.device, episodes=cfg.episodes, seed=cfg.seed, max_steps=cfg.max_steps),
@@ -156,8 +165,9 @@ def hil_evaluate(cfg: HilSuiteConfig, gate: HilGateConfig, onnx: Path, task_ref:
         diffs.append(hil.returns - np.asarray(base.pop("returns")))
         rtts += [t for e in hil.episodes for t in e.rtt_ms]
         rows.append({"scenario": sc.name, "in_process": base, "hil": row, "device": device_counters(hil)})
+        runtime = runtime or device_runtime(hil)
     paired = bootstrap_mean(np.concatenate(diffs), seed=cfg.seed)
     rtt_p99 = float(np.percentile(rtts, 99)) if rtts else math.nan
     return HilReport(task=task.name, device=cfg.device, seed=cfg.seed, period_s=task.ctrl_dt, scenarios=tuple(rows),
                      round_trip_ms_p99=rtt_p99, paired_difference_ci95=tuple(paired), gate=gate,
-                     checks=tuple(hil_checks(gate, rows, rtt_p99, task.ctrl_dt, paired[0])))
+                     checks=tuple(hil_checks(gate, rows, rtt_p99, task.ctrl_dt, paired[0])), device_runtime=runtime)

@@ -90,3 +90,31 @@ p99 {report['latency_ms_p99']:.3f} ms.</p>
 </body></html>"""
     (out_dir / "report.html").write_text(page)
     return out_dir / "report.html"
+
+
+def write_hil(hil: dict, out: Path) -> Path:
+    """Write ``out`` (HTML): per scenario in-process and HIL side by side, the link's counts, and the HIL gate
+    (``hil``: ``HilReport.to_json()`` parsed)."""
+    ci = lambda v: f"[{v[0]:.1f}, {v[1]:.1f}]"  # noqa: E731
+    rows = [[r["scenario"], r["hil"]["episodes"], f"{r['in_process']['success_rate']:.2f}", f"{r['hil']['success_rate']:.2f}",
+             f"{r['in_process']['mean_return']:.1f} {ci(r['in_process']['mean_return_ci95'])}",
+             f"{r['hil']['mean_return']:.1f} {ci(r['hil']['mean_return_ci95'])}", r["in_process"]["falls"], r["hil"]["falls"],
+             f"{r['hil']['deadline_misses']}/{r['hil']['steps']}", r["hil"]["late_actions"], r["hil"]["lost_actions"],
+             f"{r['hil']['rtt_ms_p50']:.1f} / {r['hil']['rtt_ms_p99']:.1f} / {r['hil']['rtt_ms_max']:.1f}",
+             (r["device"] or {}).get("act_p99_us", "-")] for r in hil["scenarios"]]
+    scen = _table(["scenario", "episodes", "success in-process", "success HIL", "return in-process (95%)",
+                   "return HIL (95%)", "falls in-process", "falls HIL", "deadline misses", "late", "lost",
+                   "round trip p50 / p99 / max ms", "device act() p99 µs"], rows)
+    gate = _table(["check", "result", ""], [[c["name"], "pass" if c["passed"] else "FAIL", c["detail"]] for c in hil["checks"]])
+    verdict = "PASSED" if hil["passed"] else "FAILED"
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>sim2edge HIL: {html.escape(hil['task'])}</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #bbb;padding:3px 8px;font-size:13px}}</style></head><body>
+<h1>Hardware-in-the-loop evaluation of {html.escape(hil['task'])}: <span id=verdict>{verdict}</span></h1>
+<p>Device {html.escape(hil['device'])} running {html.escape(hil.get('device_runtime') or 'an unnamed runtime')},
+seed {hil['seed']}, control period {hil['period_s'] * 1e3:.1f} ms, round trip p99 {hil['round_trip_ms_p99']:.1f} ms,
+paired return difference HIL − in-process 95% CI {ci(hil['paired_difference_ci95'])}.</p>
+<h2>Scenarios: in-process beside HIL, same seeds</h2>{scen}<h2>HIL gate</h2>{gate}
+</body></html>"""
+    out.write_text(page)
+    return out
