@@ -136,6 +136,29 @@ def test_ros2_node_closes_the_loop_guards_and_watches(tmp_path, ros, monkeypatch
     assert stats["observations"] >= len(got["pairs"]) and stats["watchdog_actions"] >= len(after)
 
 
+def test_ros2_float64_array_actions_answer_the_robots_state(tmp_path, ros, monkeypatch):
+    """The default action type: a plain ``Float64MultiArray`` (no stamp, no names), as a ros2_control
+    forward command controller takes it; a robot holding two states gets each state's action."""
+    from edge.policy import Policy
+
+    root = ros_store(tmp_path, monkeypatch)
+    agent = start_agent(root, ros)
+    robot = helper("steady", ros, "--out", str(tmp_path / "steady.json"))
+    try:
+        line = robot.stdout.readline()
+        assert line.startswith("done"), line + robot.stderr.read()
+    finally:
+        robot.wait(timeout=20)
+        agent.send_signal(signal.SIGTERM)
+        agent.communicate(timeout=20)
+    policy = Policy.load(root)
+    heard = json.loads((tmp_path / "steady.json").read_text())
+    for name, (position, velocity) in STEADY.items():
+        expected = policy.act(observation(position, velocity, GOAL)).tolist()
+        assert heard[name] and heard[name][-1] == pytest.approx(expected, abs=1e-6), (name, heard[name][-5:])
+    assert heard["a"][-1] != pytest.approx(heard["b"][-1])  # the two states ask for different actions
+
+
 def test_ros2_refuses_a_contract_joint_state_cannot_fill(tmp_path, ros):
     root = bundles.active_store(tmp_path, period_s=PERIOD)  # terms a..e: neither joints nor commands
     r = subprocess.run([AGENT, "ros2", "--root", str(root), "--duration", "1"], capture_output=True, text=True,
@@ -233,6 +256,39 @@ def robot(out: Path, steps: int) -> None:
         ask(["j1", "j2"], [0.5, 0.1], [0.2, 0.0], wait_s=0.05)
 
 
+STEADY = {"a": ([0.5, 0.1], [0.2, 0.0]), "b": ([-0.3, 0.2], [0.1, 0.4])}
+"""Two states the steady robot holds in turn, each until its action settles."""
+
+
+def steady(out: Path, hold_s: float = 1.0) -> None:
+    """Hold each of ``STEADY`` for ``hold_s`` at the control rate, recording the Float64MultiArray actions heard
+    meanwhile; print "done"."""
+    import rclpy
+    from sensor_msgs.msg import JointState
+    from std_msgs.msg import Float64MultiArray
+
+    from edge.ros2 import COMMAND_QOS, CONTROL_QOS
+
+    node = _node("steady_robot")
+    state = node.create_publisher(JointState, "/joint_states", CONTROL_QOS)
+    command = node.create_publisher(Float64MultiArray, "/sim2edge/command", COMMAND_QOS)
+    heard, now = {name: [] for name in STEADY}, [None]
+    node.create_subscription(Float64MultiArray, "/sim2edge/action",
+                             lambda m: now[0] is not None and heard[now[0]].append(list(m.data)), CONTROL_QOS)
+    while state.get_subscription_count() == 0 or node.count_publishers("/sim2edge/action") == 0:
+        rclpy.spin_once(node, timeout_sec=0.05)
+    for name, (position, velocity) in STEADY.items():
+        now[0], end = name, time.monotonic() + hold_s
+        while time.monotonic() < end:
+            command.publish(Float64MultiArray(data=[GOAL]))
+            state.publish(JointState(name=["j1", "j2"], position=position, velocity=velocity))
+            until = time.monotonic() + PERIOD
+            while time.monotonic() < until:
+                rclpy.spin_once(node, timeout_sec=0.005)
+    out.write_text(json.dumps(heard))
+    print("done", flush=True)
+
+
 def listen(out: Path) -> None:
     """Record (wall time, action) for every action until SIGTERM; print "hearing" at the first."""
     import rclpy
@@ -255,11 +311,13 @@ def listen(out: Path) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=("robot", "listen"))
+    p.add_argument("mode", choices=("robot", "listen", "steady"))
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--steps", type=int, default=40)
     a = p.parse_args()
     if a.mode == "robot":
         robot(a.out, a.steps)
+    elif a.mode == "steady":
+        steady(a.out)
     else:
         listen(a.out)
