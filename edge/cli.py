@@ -145,14 +145,21 @@ def _verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    from edge.control import ReportTo, run
+def loop_outputs(args: argparse.Namespace):
+    """``--telemetry`` and ``--registry`` of ``run`` and ``ros2``: (Recorder arguments or None, ReportTo or None)."""
+    from edge.control import ReportTo
 
     telemetry = None
     if args.telemetry:
         telemetry = dict(device_id=args.device_id, rows_per_file=args.telemetry_rows,
                          cap_bytes=int(args.telemetry_cap_mb * (1 << 20)))
-    report = ReportTo(args.registry, args.device_id, args.report_every) if args.registry else None
+    return telemetry, ReportTo(args.registry, args.device_id, args.report_every) if args.registry else None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from edge.control import run
+
+    telemetry, report = loop_outputs(args)
     stats = run(Path(args.root), args.listen, args.watchdog_periods, args.duration, args.stop_after_silence,
                 args.stats, telemetry, report, args.stats_window)
     print(json.dumps(stats, sort_keys=True))
@@ -166,7 +173,7 @@ def _ros2(args: argparse.Namespace) -> int:
         print(f"sim2edge-agent: {e}", file=sys.stderr)
         return ERROR
     stats = ros2.serve(Path(args.root), args.state_topic, args.command_topic, args.action_topic, args.action_type,
-                       args.watchdog_periods, args.duration, args.stats, args.stats_window)
+                       args.watchdog_periods, args.duration, args.stats, args.stats_window, *loop_outputs(args))
     print(json.dumps(stats, sort_keys=True))
     return 0
 
@@ -287,6 +294,22 @@ def add_report_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mqtt-ca", metavar="PEM", help="CA bundle for mqtts:// (default: the system's)")
 
 
+def add_loop_output_arguments(p: argparse.ArgumentParser) -> None:
+    """What ``run`` and ``ros2`` record and report besides serving."""
+    p.add_argument("--telemetry", action="store_true", help="record observations, actions and timing "
+                   "under <root>/telemetry/pending (see edge/telemetry.py)")
+    p.add_argument("--telemetry-rows", type=int, default=3000, help="control steps per file (default %(default)s)")
+    p.add_argument("--telemetry-cap-mb", type=float, default=256.0,
+                   help="stop recording when pending files reach this size (default %(default)s)")
+    p.add_argument("--stats-window", type=int, default=10000, metavar="N",
+                   help="latency percentiles over the last N periods (default %(default)s)")
+    p.add_argument("--registry", help="report the loop's statistics to this MLflow server (tag "
+                                      "sim2edge.control.<device id>; see edge/report.py)")
+    p.add_argument("--report-every", type=float, default=60.0, metavar="S",
+                   help="seconds between reports, and one at exit (default %(default)s)")
+    p.add_argument("--device-id", default=socket.gethostname(), help="default: the host name")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sim2edge-agent", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -327,18 +350,7 @@ def parser() -> argparse.ArgumentParser:
     rn.add_argument("--stop-after-silence", type=float, metavar="S", help="exit after S seconds without observations")
     rn.add_argument("--duration", type=float, metavar="S", help="exit after S seconds (default: until SIGTERM)")
     rn.add_argument("--stats", type=Path, help="also write the final statistics (JSON) here")
-    rn.add_argument("--telemetry", action="store_true", help="record observations, actions and timing "
-                    "under <root>/telemetry/pending (see edge/telemetry.py)")
-    rn.add_argument("--telemetry-rows", type=int, default=3000, help="control steps per file (default %(default)s)")
-    rn.add_argument("--telemetry-cap-mb", type=float, default=256.0,
-                    help="stop recording when pending files reach this size (default %(default)s)")
-    rn.add_argument("--stats-window", type=int, default=10000, metavar="N",
-                    help="latency percentiles over the last N periods (default %(default)s)")
-    rn.add_argument("--registry", help="report the loop's statistics to this MLflow server (tag "
-                                       "sim2edge.control.<device id>; see edge/report.py)")
-    rn.add_argument("--report-every", type=float, default=60.0, metavar="S",
-                    help="seconds between reports, and one at exit (default %(default)s)")
-    rn.add_argument("--device-id", default=socket.gethostname(), help="default: the host name")
+    add_loop_output_arguments(rn)
     rn.set_defaults(func=_run)
     r2 = sub.add_parser("ros2", help="serve the active policy as a ROS 2 node: JointState in, actions out "
                                      "(needs the ROS 2 wheels; see edge/ros2.py)")
@@ -353,8 +365,7 @@ def parser() -> argparse.ArgumentParser:
                     help="no JointState for this many periods: publish the safe default (default %(default)s)")
     r2.add_argument("--duration", type=float, metavar="S", help="exit after S seconds (default: until SIGTERM)")
     r2.add_argument("--stats", type=Path, help="also write the final statistics (JSON) here")
-    r2.add_argument("--stats-window", type=int, default=10000, metavar="N",
-                    help="latency percentiles over the last N periods (default %(default)s)")
+    add_loop_output_arguments(r2)
     r2.set_defaults(func=_ros2)
     be = sub.add_parser("bench", help="latency p50/p99 of Policy.act() vs the bare runtime call")
     be.add_argument("--root", default=DEFAULT_ROOT)

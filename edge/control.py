@@ -278,7 +278,14 @@ class ReportTo:
     backoff_base_s: float = 30.0
 
 
-def _report_periodically(loop: ControlLoop, root: Path, to: ReportTo) -> threading.Thread:
+def recorder_for(root: Path, policy: Policy, telemetry: Optional[dict]) -> Optional[Recorder]:
+    """The telemetry recorder of ``run`` and ``ros2`` (None: not recording)."""
+    if telemetry is None:
+        return None
+    return Recorder(root, policy.obs_names, policy.action_names, str(policy.manifest["policy"]["version"]), **telemetry)
+
+
+def report_periodically(loop: ControlLoop, root: Path, to: ReportTo) -> threading.Thread:
     """A daemon thread posting ``loop.stats()`` every ``to.every_s`` and once more when the loop stops."""
     from edge.report import control_reporter
 
@@ -304,14 +311,11 @@ def run(root: Path, listen: str, watchdog_periods: int = 5, duration_s: Optional
     ``report``: post the statistics to the registry periodically, never blocking the loop."""
     policy = Policy.load(root)
     sock, bound = open_socket(listen)
-    recorder = None
-    if telemetry is not None:
-        recorder = Recorder(root, policy.obs_names, policy.action_names, str(policy.manifest["policy"]["version"]),
-                            **telemetry)
-    loop = ControlLoop(policy, sock, watchdog_periods, stop_after_silence_s, recorder, stats_window)
+    loop = ControlLoop(policy, sock, watchdog_periods, stop_after_silence_s, recorder_for(root, policy, telemetry),
+                       stats_window)
     signal.signal(signal.SIGTERM, loop.stop)
     signal.signal(signal.SIGINT, loop.stop)
-    reporting = _report_periodically(loop, root, report) if report is not None else None
+    reporting = report_periodically(loop, root, report) if report is not None else None
     m = policy.manifest["policy"]
     print(f"serving {m['name']} v{m['version']} on {bound} every {policy.period_s * 1e3:g} ms "
           f"({policy.runtime.name}, watchdog after {watchdog_periods} periods)", flush=True)

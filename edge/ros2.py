@@ -14,6 +14,10 @@ answered observation's stamp, exactly), one per period with a new observation, b
 loop as ``run`` (edge/control.py): NaN/Inf guard, watchdog (the safe default every period after K silent
 ones), deadline accounting and statistics are ControlLoop's.
 
+Telemetry (``--telemetry``) and statistics reports (``--registry``) as ``run`` has them; each row's joint
+state (``state.<i>``) is the positions, then the velocities, of the joints the contract reads, in the order
+it first names them, as the JointState carried them (before offsets).
+
 QoS: state and action topics best effort, keep last 1 (a late sample is worth nothing to a controller;
 a best-effort publisher is not seen by a reliable subscriber). Commands: reliable, keep last 1.
 rclpy is imported here only; the rest of the agent runs without ROS.
@@ -31,8 +35,9 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from edge.control import ControlLoop, Observation
+from edge.control import ControlLoop, Observation, ReportTo, recorder_for, report_periodically
 from edge.policy import Policy
+from edge.telemetry import Recorder
 
 PACKAGES = ("ros-jazzy-rclpy ros-jazzy-sensor-msgs ros-jazzy-std-msgs ros-jazzy-trajectory-msgs "
             "ros-jazzy-rmw-fastrtps-cpp")
@@ -80,6 +85,24 @@ class ObservationMap:
                              f"source: command; a JointState cannot provide them")
         return cls(tuple(joints), tuple(commands), len(manifest["io"]["input"]["terms"]))
 
+    @property
+    def joint_names(self) -> Tuple[str, ...]:
+        """The joints the contract reads, in the order it first names them."""
+        return tuple(dict.fromkeys(joint for _, joint, _, _ in self.joints))
+
+    def joint_state(self, msg: "JointState") -> Optional[np.ndarray]:
+        """For telemetry: the positions, then the velocities, of :attr:`joint_names` as the robot measured them
+        (NaN where the message lacks one)."""
+        index = {n: k for k, n in enumerate(msg.name)}
+        out = np.full(2 * len(self.joint_names), np.nan, np.float32)
+        for j, joint in enumerate(self.joint_names):
+            k = index.get(joint)
+            for f, field in enumerate(("position", "velocity")):
+                values = getattr(msg, field)
+                if k is not None and k < len(values):
+                    out[f * len(self.joint_names) + j] = values[k]
+        return out
+
     def observation(self, msg: "JointState", command: np.ndarray) -> Optional[np.ndarray]:
         """The policy's input from a JointState and the latest command; None if a needed joint is missing."""
         index = {n: k for k, n in enumerate(msg.name)}
@@ -97,8 +120,8 @@ class RosLoop(ControlLoop):
     """ControlLoop whose observations are JointState messages and whose actions are ROS 2 messages."""
 
     def __init__(self, policy: Policy, node: "rclpy.node.Node", topics: Tuple[str, str, str], action_type: str,
-                 watchdog_periods: int, stats_window: int = 10000) -> None:
-        super().__init__(policy, None, watchdog_periods, stats_window=stats_window)
+                 watchdog_periods: int, stats_window: int = 10000, recorder: Optional[Recorder] = None) -> None:
+        super().__init__(policy, None, watchdog_periods, recorder=recorder, stats_window=stats_window)
         self.map = ObservationMap.from_manifest(policy.manifest)
         self.command = np.full(len(self.map.commands), np.nan, np.float32)
         self.action_type = action_type
@@ -138,7 +161,7 @@ class RosLoop(ControlLoop):
             return None
         self._received += 1
         self._stamp = msg.header.stamp
-        return self._received, self._stamp.sec + self._stamp.nanosec * 1e-9, obs, None
+        return self._received, self._stamp.sec + self._stamp.nanosec * 1e-9, obs, self.map.joint_state(msg)
 
     def _send(self, seq: int, stamp: float, flags: int, action: np.ndarray) -> None:
         values: List[float] = action.astype(float).tolist()
@@ -156,8 +179,9 @@ class RosLoop(ControlLoop):
 
 def serve(root: Path, state_topic: str, command_topic: str, action_topic: str, action_type: str = "float64_array",
           watchdog_periods: int = 5, duration_s: Optional[float] = None, stats_path: Optional[Path] = None,
-          stats_window: int = 10000) -> dict:
-    """Serve the active policy of the store at ``root`` as the ROS 2 node ``sim2edge_agent`` (the CLI's ``ros2``)."""
+          stats_window: int = 10000, telemetry: Optional[dict] = None, report: Optional[ReportTo] = None) -> dict:
+    """Serve the active policy of the store at ``root`` as the ROS 2 node ``sim2edge_agent`` (the CLI's ``ros2``);
+    ``telemetry`` and ``report`` as for ``run`` (edge/control.py)."""
     if action_type not in ACTION_TYPES:
         raise ValueError(f"action type {action_type!r}: one of {', '.join(ACTION_TYPES)}")
     policy = Policy.load(root)
@@ -165,7 +189,7 @@ def serve(root: Path, state_topic: str, command_topic: str, action_topic: str, a
     try:
         node = rclpy.create_node("sim2edge_agent")
         loop = RosLoop(policy, node, (state_topic, command_topic, action_topic), action_type, watchdog_periods,
-                       stats_window)
+                       stats_window, recorder_for(root, policy, telemetry))
         executor = SingleThreadedExecutor()
         executor.add_node(node)
         spinner = threading.Thread(target=executor.spin, name="sim2edge-ros2", daemon=True)
@@ -176,7 +200,11 @@ def serve(root: Path, state_topic: str, command_topic: str, action_topic: str, a
         print(f"serving {m['name']} v{m['version']} on ROS 2 {state_topic} -> {action_topic} ({action_type}) every "
               f"{policy.period_s * 1e3:g} ms ({policy.runtime.name}, watchdog after {watchdog_periods} periods)",
               flush=True)
+        reporting = report_periodically(loop, root, report) if report is not None else None
         stats = loop.serve(duration_s)
+        loop.stop()
+        if reporting is not None:
+            reporting.join(report.timeout_s + 1.0)  # the final report, one short attempt
         executor.shutdown()
         spinner.join()
         node.destroy_node()

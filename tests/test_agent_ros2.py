@@ -138,11 +138,13 @@ def test_ros2_node_closes_the_loop_guards_and_watches(tmp_path, ros, monkeypatch
 
 def test_ros2_float64_array_actions_answer_the_robots_state(tmp_path, ros, monkeypatch):
     """The default action type: a plain ``Float64MultiArray`` (no stamp, no names), as a ros2_control
-    forward command controller takes it; a robot holding two states gets each state's action."""
+    forward command controller takes it; a robot holding two states gets each state's action, and telemetry
+    records what it saw: the observations and the joint state (positions, then velocities of j1, j2)."""
+    from edge import telemetry
     from edge.policy import Policy
 
     root = ros_store(tmp_path, monkeypatch)
-    agent = start_agent(root, ros)
+    agent = start_agent(root, ros, "--telemetry", "--device-id", "arm-3")
     robot = helper("steady", ros, "--out", str(tmp_path / "steady.json"))
     try:
         line = robot.stdout.readline()
@@ -157,6 +159,14 @@ def test_ros2_float64_array_actions_answer_the_robots_state(tmp_path, ros, monke
         expected = policy.act(observation(position, velocity, GOAL)).tolist()
         assert heard[name] and heard[name][-1] == pytest.approx(expected, abs=1e-6), (name, heard[name][-5:])
     assert heard["a"][-1] != pytest.approx(heard["b"][-1])  # the two states ask for different actions
+    files = sorted((root / "telemetry" / "pending").glob("*.npz"))
+    cols = [telemetry.read(f) for f in files]
+    state = np.concatenate([np.stack([c[f"state.{j}"] for j in range(4)], axis=1) for c in cols])
+    sent = {tuple(np.float32(position + velocity)) for position, velocity in STEADY.values()}
+    assert {tuple(row) for row in state} == sent, state[:3]
+    obs = np.concatenate([c["obs.j1_pos"] for c in cols])
+    assert set(np.round(obs, 5)) == {np.float32(p[0] - OFFSET).round(5) for p, _ in STEADY.values()}
+    assert {str(d) for c in cols for d in c["device_id"]} == {"arm-3"}
 
 
 def test_ros2_refuses_a_contract_joint_state_cannot_fill(tmp_path, ros):
