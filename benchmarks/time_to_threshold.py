@@ -139,10 +139,11 @@ def sim2edge(seed: int, budget_s: float, evaluator: Evaluator, out: Path) -> Cur
         if curve.train_s() > budget_s:
             raise TimeoutError
 
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(stages.train, "deterministic_return", evaluate):
+    with tempfile.TemporaryDirectory() as tmp:
         curve.start = time.perf_counter()
         try:
-            train(TrainConfig(seed=seed, **SIM2EDGE), PhysicalParams(), Path(tmp) / "ck", on_iteration=on_iteration)
+            train(TrainConfig(seed=seed, **SIM2EDGE), PhysicalParams(), Path(tmp) / "ck", on_iteration=on_iteration,
+                  evaluate=evaluate)
         except TimeoutError:
             pass
     return curve

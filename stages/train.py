@@ -262,6 +262,7 @@ def train(
     on_iteration: IterationCallback | None = None,
     warm_start: Path | None = None,
     resume: Path | None = None,
+    evaluate: Callable[[torch.nn.Module, Task, PhysicalParams, int, int], float] | None = None,
 ) -> Checkpoint:
     """Train with randomization centred on ``twin``, over ``cfg.twin_intervals`` where given; write
     ``out_dir/model.pt`` atomically.
@@ -269,7 +270,9 @@ def train(
     ``warm_start``: start from another checkpoint's actor and critic (fresh optimizer, iteration 0).
     ``resume``: continue a checkpoint of this same run (:data:`RESUMABLE_CHANGES` aside) from its
     iteration up to ``cfg.iterations``, with its optimizer, RNG and environment states: the result
-    equals an uninterrupted run's."""
+    equals an uninterrupted run's.
+    ``evaluate``: what scores the actor every ``eval_every`` iterations (default :func:`deterministic_return`),
+    e.g. a benchmark's own fixed episodes."""
     if warm_start is not None and resume is not None:
         raise ValueError("give warm_start or resume, not both")
     task = load(cfg.task)
@@ -324,7 +327,8 @@ def train(
         vec_env.finished_lengths.clear()
         if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
             start = time.perf_counter()
-            metrics["eval_return"] = deterministic_return(alg.actor, task, twin, cfg.eval_episodes, cfg.nthread)
+            metrics["eval_return"] = (evaluate or deterministic_return)(alg.actor, task, twin, cfg.eval_episodes,
+                                                                        cfg.nthread)
             metrics["eval_time_s"] = time.perf_counter() - start
         if on_iteration:
             on_iteration(it, metrics)
