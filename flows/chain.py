@@ -12,7 +12,7 @@ from edge.runtime import OnnxRuntime
 from flows.gate import log_gate
 from flows.params import PipelineParams, PipelineSummary
 from flows.stage_tasks import (calibrate_stage, evaluate_shard, evaluate_stage, export_stage, metric_name,
-                               package_and_register, timed, train_stage)
+                               package_and_register, publish_stage, timed, train_stage)
 from flows.workspace import Workspace
 from registry import lineage
 from mlflow.entities.model_registry import ModelVersion
@@ -121,7 +121,7 @@ def champion_for(ctx: RunContext, version: Optional[ModelVersion], obs_dim: int,
 def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds: Dataset, out: Path,
                      timings: dict[str, float], warm_start: bool) -> PipelineSummary:
     """calibrate → train (optionally from the champion) → export → evaluate (vs the champion) → package →
-    hil_evaluate (when ``params.hil``) → register."""
+    hil_evaluate (when ``params.hil``) → register → publish (a new champion, when ``params.publish``)."""
     with timed(timings, "calibrate"):
         cfg = CalibrateConfig(**params.calibrate.model_dump(), seed=params.seed)
         twin = cached(ctx, "calibrate", out, calibrate_stage, ctx, cfg, ds, out / "twin")
@@ -140,6 +140,9 @@ def twin_to_registry(ctx: RunContext, ws: Workspace, params: PipelineParams, ds:
     with timed(timings, "package + register"):
         bundle, version, alias, hil = package_and_register(ctx, params, ws, ds, twin, ckpt, policy, report, out / "bundle",
                                                       seen.version if seen else None)
+    if params.publish is not None and alias == "champion":
+        with timed(timings, "publish"):
+            publish_stage(ctx, params, ws, bundle, version)
     summary = PipelineSummary(
         policy=params.policy_name, version=version, alias=alias, success_rate=report.success_rate,
         mean_return=report.mean_return, gate_reasons=report.reasons,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
@@ -123,6 +122,7 @@ def publish(
     from registry.models import registered_bundle
     from registry.tuf_repo import PublishConfig
     from registry.tuf_repo import publish as publish_tuf
+    from registry.tuf_repo import tag_published
 
     ws = Workspace.from_env()
     policy, sep, which = ref.partition("@")
@@ -134,8 +134,7 @@ def publish(
             version, tar = registered_bundle(client, policy, which, Path(tmp))
             done = publish_tuf(PublishConfig(repo=repo, keys=keys or ws.home / "tuf-keys", bundle=tar, policy=policy,
                                              version=version, timestamp_s=timestamp_s))
-        client.set_model_version_tag(policy, version, "sim2edge.tuf",
-                                     json.dumps({"repo": str(repo.resolve()), **done.model_dump()}, sort_keys=True))
+        tag_published(client, policy, version, repo, done)
     except (MlflowException, OSError, ValueError) as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     console.print(f"published {policy} v{version} to {repo} as {done.target_path} (targets v{done.targets_version}, "

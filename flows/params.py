@@ -54,6 +54,15 @@ class CalibrateSettings(BaseModel):
     bootstrap: int = calibration_field("bootstrap")
 
 
+class PublishSettings(BaseModel):
+    """Where a new champion goes for the fleet (registry/tuf_repo.py). (No field may be named ``keys``: Prefect
+    resolves a parameter model's inputs through ``.keys()``.)"""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    repo: str = Field(min_length=1, description="TUF repository directory (static files the devices' server serves).")
+    key_dir: Optional[str] = Field(None, description="Its role keys (default: <workspace>/tuf-keys; never served).")
+
+
 class PipelineParams(BaseModel):
     """What every pipeline flow takes: task, target, training budget, evaluation and gates."""
 
@@ -75,6 +84,8 @@ class PipelineParams(BaseModel):
     promote: bool = Field(True, description="Set `champion` when the gate passes (else always `challenger`).")
     hil: Optional[HilSettings] = Field(None, description="Hardware-in-the-loop evaluation of the packaged bundle before "
                                        "register (None: none); a failing HIL gate keeps the version a `challenger`.")
+    publish: Optional[PublishSettings] = Field(None, description="Publish a new champion's bundle to this TUF "
+                                               "repository after register (None: none); devices `watch --tuf` it.")
     model_prefix: str = Field("", pattern=r"^[A-Za-z0-9_.-]*$", max_length=64,
                               description="Prefix of the registered model's name (`<prefix><task>`, e.g. `lab-a.`), "
                                           "so pipelines sharing one registry do not collide.")

@@ -39,6 +39,8 @@ from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.evaluate import Champion, EvalConfig, Shard, ShardJob, evaluate, run_shard
 from stages.twin.hil_evaluate import HilReport
 from stages.twin.hil_stage import failed_clauses
+from registry.tuf_repo import PublishConfig, Published, tag_published
+from registry.tuf_repo import publish as publish_tuf
 
 
 TRANSIENT = (ConnectionError, TimeoutError, urllib.error.URLError, requests.exceptions.ConnectionError,
@@ -187,6 +189,20 @@ def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace,
                                expected_champion)
         run.tags({"sim2edge.alias": alias})
     return bundle, version, alias, hil
+
+
+@task(**REGISTRY_IO)
+def publish_stage(ctx: RunContext, params: PipelineParams, ws: Workspace, bundle: BundleArtifact,
+                  version: str) -> Published:
+    """A new champion's bundle into the TUF repository of ``params.publish``; the version tagged with it."""
+    settings = params.publish
+    keys = Path(settings.key_dir) if settings.key_dir else ws.home / "tuf-keys"
+    with stage_run(ctx, "publish", {"repo": settings.repo, "version": version}) as run:
+        done = publish_tuf(PublishConfig(repo=Path(settings.repo), keys=keys, bundle=bundle.path,
+                                         policy=params.policy_name, version=version))
+        tag_published(ctx.client, params.policy_name, version, Path(settings.repo), done)
+        run.tags({"sim2edge.tuf_target": done.target_path, "sim2edge.tuf_targets_version": str(done.targets_version)})
+    return done
 
 
 def task_tags(task: str) -> dict[str, str]:

@@ -241,3 +241,9 @@ def write_rollout(cfg: RepoConfig, policy: str, plan: dict) -> int:
         local.unlink()
     _sign(md, signers, meta, cfg)
     return md["targets"].signed.version
+
+
+def tag_published(client, policy: str, version: str, repo: Path, done: Published) -> None:
+    """MLflow stays the system of record: tag the version ``sim2edge.tuf`` with what was published where."""
+    client.set_model_version_tag(policy, version, "sim2edge.tuf",
+                                 json.dumps({"repo": str(Path(repo).resolve()), **done.model_dump()}, sort_keys=True))

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from edge.policy import Policy
 from edge.runtime import OnnxRuntime
 from edge.store import DeviceStore
-from flows.params import SimToEdgeParams
+from flows.params import PublishSettings, SimToEdgeParams
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
 from stages.twin.episodes import run_episodes
@@ -25,10 +25,16 @@ STAGES = {"collect", "calibrate", "train", "export", "evaluate", "package", "reg
 
 
 @pytest.fixture(scope="module")
-def pipeline(mlflow_server, prefect_harness):
+def repo(tmp_path_factory) -> Path:
+    """The TUF repository the pipeline publishes its champion to."""
+    return tmp_path_factory.mktemp("tuf") / "repo"
+
+
+@pytest.fixture(scope="module")
+def pipeline(mlflow_server, prefect_harness, repo):
     from flows.sim_to_edge import sim_to_edge
 
-    return sim_to_edge(SimToEdgeParams(iterations=100, eval_episodes=32))
+    return sim_to_edge(SimToEdgeParams(iterations=100, eval_episodes=32, publish=PublishSettings(repo=str(repo))))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +46,7 @@ def agent_pull(ref, url, root, trust, *extra):
     return run_cli("sim2edge-agent", "pull", ref, "--registry", url, "--root", str(root), "--trust", str(trust), *extra)
 
 
-def test_flow_registers_a_champion_with_lineage(pipeline, client, tmp_path):
+def test_flow_registers_a_champion_with_lineage(pipeline, client, repo, tmp_path):
     assert pipeline.alias == "champion" and pipeline.success_rate >= 0.8
     mv = client.get_model_version_by_alias("cartpole", "champion")
     assert mv.version == pipeline.version
@@ -50,14 +56,19 @@ def test_flow_registers_a_champion_with_lineage(pipeline, client, tmp_path):
     assert parent.info.status == "FINISHED"
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{pipeline.mlflow_run_id}'")
-    assert {r.info.run_name for r in children} == STAGES
+    assert {r.info.run_name for r in children} == STAGES | {"publish"}  # a new champion goes to the repository
     assert all(r.info.status == "FINISHED" for r in children)
     train_run = next(r for r in children if r.info.run_name == "train")
     history = client.get_metric_history(train_run.info.run_id, "mean_return")
     assert len(history) == 100
     logged = Path(client.download_artifacts(pipeline.mlflow_run_id, "run_config.yaml", str(tmp_path)))
-    assert SimToEdgeParams.model_validate(yaml.safe_load(logged.read_text())) == SimToEdgeParams(iterations=100,
-                                                                                               eval_episodes=32)
+    assert SimToEdgeParams.model_validate(yaml.safe_load(logged.read_text())) == SimToEdgeParams(
+        iterations=100, eval_episodes=32, publish=PublishSettings(repo=str(repo)))
+    targets = json.loads((repo / "metadata" / "targets.json").read_text())["signed"]["targets"]
+    published = targets[f"cartpole/{pipeline.version}.tar"]
+    assert published["hashes"]["sha256"] == pipeline.bundle_sha256 == targets["cartpole/latest.tar"]["hashes"]["sha256"]
+    tag = json.loads(mv.tags["sim2edge.tuf"])
+    assert tag["repo"] == str(repo.resolve()) and tag["target_path"] == f"cartpole/{pipeline.version}.tar"
 
 
 def test_agent_pulls_verifies_and_runs_the_policy(pipeline, mlflow_server, workspace, tmp_path):
@@ -117,11 +128,13 @@ def test_target_mismatch_is_refused(pipeline, mlflow_server, workspace, tmp_path
     assert not (tmp_path / "d" / "current").exists()
 
 
-def test_failing_gate_registers_a_challenger_and_keeps_the_champion(pipeline, client):
+def test_failing_gate_registers_a_challenger_and_keeps_the_champion(pipeline, client, repo):
     from flows.sim_to_edge import sim_to_edge
 
-    weak = sim_to_edge(SimToEdgeParams(iterations=1, eval_episodes=8))
+    weak = sim_to_edge(SimToEdgeParams(iterations=1, eval_episodes=8, publish=PublishSettings(repo=str(repo))))
     assert weak.alias == "challenger"
+    targets = json.loads((repo / "metadata" / "targets.json").read_text())["signed"]["targets"]
+    assert f"cartpole/{weak.version}.tar" not in targets  # only a champion goes to the fleet
     reason, command = weak.pull_command.splitlines()  # the printed pull says why, and adds the flag
     failed = [r for r in weak.gate_reasons if r.startswith("FAIL")]
     assert "failed its evaluation gate" in reason and failed and all(r in reason for r in failed), reason
