@@ -1,6 +1,7 @@
 """``sim2edge evaluate --hil``: a real signed bundle served by a real ``sim2edge-agent run``, the CLI as a user runs it.
 
-The device and the bundle are tests/test_hil.py's linear cart-pole balancer; episodes are cut to 60 steps.
+The device and the bundle are tests/test_hil.py's linear cart-pole balancer (one slow test: a PPO policy trained
+with latency randomization); episodes are cut to 60 steps (100 behind the 10 ms links).
 """
 
 from __future__ import annotations
