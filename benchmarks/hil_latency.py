@@ -6,7 +6,12 @@ trip (observation sent → action received, host clock); in-process inference is
 (``--delay`` seconds each way, ``--jitter``, ``--loss``). Prints p50/p99/max, the ratios, and the
 HIL returns beside in-process evaluation's on the same seeds.
 
+``--sweep 0,0.002,...`` instead runs ``sim2edge evaluate --hil``'s evaluation (``hil_evaluate``, the nominal
+scenario, the default HIL gate) of both policies behind the relay at each one-way delay (``--jitter`` added to
+every one, 0 included), and prints a markdown table: returns, falls, round trip, misses and the gate's verdict.
+
 Run: PYTHONPATH=. .venv/bin/python benchmarks/hil_latency.py [--episodes 4] [--steps 100] [--delay 0.005]
+     PYTHONPATH=. .venv/bin/python benchmarks/hil_latency.py --sweep 0,0.002,0.004,0.006,0.008,0.01,0.012
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edge.runtime import OnnxRuntime  # noqa: E402
 from stages.twin.episodes import run_episodes  # noqa: E402
 from stages.twin.hil import HilConfig, hil_task, run_hil, twin_env  # noqa: E402
+from stages.twin.hil_evaluate import HilGateConfig, HilSuiteConfig, hil_evaluate  # noqa: E402
 from stages.twin.relay import Impairment, Relay  # noqa: E402
 from stages.twin.suite import Scenario  # noqa: E402
 from tests.test_evaluate import BALANCER, LATENCY_FRAGILE  # noqa: E402
 from tests.test_hil import cartpole_store, serve, stop  # noqa: E402
 
 POLICIES = {"balancer": BALANCER, "fragile": LATENCY_FRAGILE}
+CLAUSES = {"deadline-miss": "misses", "round-trip": "RTT p99", "paired return": "return"}
+"""The HIL gate's clauses, as the sweep's verdict column names the failing ones."""
 
 
 def in_process_ms(onnx: Path, n: int = 5000) -> np.ndarray:
@@ -46,6 +54,32 @@ def in_process_ms(onnx: Path, n: int = 5000) -> np.ndarray:
     return times * 1e3
 
 
+def sweep(delays: list[float], jitter: float, episodes: int, steps: int) -> None:
+    """Per policy and one-way delay (through the relay, seeded): ``hil_evaluate`` of the nominal scenario, one row."""
+    print("| policy | one-way delay ms | return in-process | return HIL | falls HIL | RTT p99 ms | misses | HIL gate |")
+    print("|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, k in POLICIES.items():
+            (Path(tmp) / name).mkdir()
+            root, onnx = cartpole_store(Path(tmp) / name, k)
+            proc, address = serve(root, "udp://127.0.0.1:0")
+            try:
+                for delay in delays:
+                    with Relay(address, Impairment(delay_s=delay, jitter_s=jitter), seed=2) as relay:
+                        cfg = HilSuiteConfig(device=relay.address, episodes=episodes, max_steps=steps,
+                                             scenarios=("nominal",))
+                        report = hil_evaluate(cfg, HilGateConfig(), onnx, "cartpole")
+                    base, hil = report.scenarios[0]["in_process"], report.scenarios[0]["hil"]
+                    failed = [short for key, short in CLAUSES.items()
+                              for c in report.checks if key in c.name and not c.passed]
+                    print(f"| {name} | {delay * 1e3:g} | {base['mean_return']:.1f} | {hil['mean_return']:.1f} | "
+                          f"{hil['falls']}/{hil['episodes']} | {report.round_trip_ms_p99:.1f} | "
+                          f"{hil['deadline_misses']}/{hil['steps']} | "
+                          f"{'FAIL: ' + ', '.join(failed) if failed else 'pass'} |", flush=True)
+            finally:
+                stop(proc)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy", choices=sorted(POLICIES), default="balancer",
@@ -55,7 +89,12 @@ def main() -> None:
     ap.add_argument("--delay", type=float, default=0.0, help="relay one-way delay (s); 0 with no jitter/loss: direct")
     ap.add_argument("--jitter", type=float, default=0.0)
     ap.add_argument("--loss", type=float, default=0.0)
+    ap.add_argument("--sweep", type=lambda v: [float(d) for d in v.split(",")], default=None,
+                    help="comma-separated one-way delays (s): both policies' HIL gate at each, a table")
     args = ap.parse_args()
+    if args.sweep is not None:
+        sweep(args.sweep, args.jitter, args.episodes, args.steps)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         root, onnx = cartpole_store(Path(tmp), POLICIES[args.policy])
         proc, address = serve(root, "udp://127.0.0.1:0")

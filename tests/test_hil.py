@@ -20,6 +20,7 @@ import pytest
 
 from edge import bundle, signing
 from edge.runtime import OnnxRuntime
+from stages.artifacts import ExportedPolicy
 from stages.twin.episodes import run_episodes
 from stages.twin.hil import HilConfig, hil_task, run_hil, substep_actions, twin_env
 from stages.twin.relay import Impairment, Relay, fates
@@ -35,18 +36,24 @@ CARTPOLE_IO = {"input": {"terms": [{"name": n, "unit": "1"} for n in
                "output": {"terms": [{"name": "slide", "unit": "N"}], "low": [-1.0], "high": [1.0], "default": [0.0]}}
 
 
-def cartpole_store(tmp_path: Path, k=BALANCER) -> tuple[Path, Path]:
-    """A device store whose active bundle is the linear controller ``clip(obs · k, -1, 1)``; returns (store, onnx)."""
+def cartpole_store(tmp_path: Path, k=BALANCER, exported: ExportedPolicy | None = None) -> tuple[Path, Path]:
+    """A device store whose active bundle is the linear controller ``clip(obs · k, -1, 1)``, or ``exported`` (a
+    trained cart-pole policy's ONNX and golden file) where given; returns (store, onnx)."""
     from edge.store import DeviceStore
 
-    w = np.asarray(k, np.float32).reshape(5, 1)
-    x = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
-    golden = io.BytesIO()
-    np.savez(golden, inputs=x, outputs=np.clip(x @ w, -1, 1))
     onnx = tmp_path / "policy.onnx"
-    onnx.write_bytes(linear_onnx(w))
+    if exported is None:
+        w = np.asarray(k, np.float32).reshape(5, 1)
+        x = np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32)
+        buf = io.BytesIO()
+        np.savez(buf, inputs=x, outputs=np.clip(x @ w, -1, 1))
+        onnx.write_bytes(linear_onnx(w))
+        golden = buf.getvalue()
+    else:
+        onnx.write_bytes(exported.path.read_bytes())
+        golden = exported.golden.read_bytes()
     priv, pub = make_keys(tmp_path)
-    make_bundle(tmp_path / "b.tar", priv, files={"policy.onnx": onnx.read_bytes(), "golden.npz": golden.getvalue()},
+    make_bundle(tmp_path / "b.tar", priv, files={"policy.onnx": onnx.read_bytes(), "golden.npz": golden},
                 io=CARTPOLE_IO, period_s=0.02, name="balancer")
     store = DeviceStore(tmp_path / "store")
     staged = store.staging_dir()

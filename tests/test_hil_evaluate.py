@@ -1,20 +1,29 @@
 """``sim2edge evaluate --hil``: a real signed bundle served by a real ``sim2edge-agent run``, the CLI as a user runs it.
 
-The device and the bundle are tests/test_hil.py's linear cart-pole balancer; episodes are cut to 60 steps.
+The device and the bundle are tests/test_hil.py's linear cart-pole balancer (one slow test: a PPO policy trained
+with latency randomization); episodes are cut to 60 steps (100 behind the 10 ms links).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from flows.cli import app
+from stages.export import ExportConfig, export
+from stages.sim.cartpole import CartPole
+from stages.sim.params import Randomization
+from stages.train import TrainConfig, train
 from stages.twin.relay import Impairment, Relay
 from tests.test_evaluate import LATENCY_FRAGILE
 from tests.test_hil import SEED, STEPS, cartpole_store, serve, stop
+
+LINK = Impairment(delay_s=0.01, jitter_s=0.003)
+"""The issue's link: 10 ms ± 3 ms each way, a round trip of about the 20 ms period."""
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +101,48 @@ def test_latency_fragile_policy_fails_on_returns_behind_a_period_of_round_trip(t
     assert "HIL vs in-process paired return difference" in verdict, verdict
     row = json.loads((tmp_path / "hil.json").read_text())["scenarios"][0]
     assert row["in_process"]["falls"] == 0 and row["hil"]["falls"] > 0, row
+
+
+@dataclass(frozen=True)
+class LatencyRandomizedCartPole(CartPole):
+    """Cart-pole whose training samples 0, 1 or 2 control steps (0–40 ms) of action latency per episode."""
+
+    randomization: Randomization = field(default_factory=lambda: Randomization(damping=0.3, actuator_gain=0.15,
+                                                                                mass=0.2, latency_steps=2))
+
+
+def behind_link(tmp_path: Path, **store) -> tuple[str, dict]:
+    """``sim2edge evaluate --hil`` (nominal, 2 × 100 steps) of ``cartpole_store(tmp_path, **store)`` served by a real
+    agent behind :data:`LINK`: (the verdict line, the scenario's row)."""
+    (tmp_path / "home").mkdir(parents=True)
+    root, _ = cartpole_store(tmp_path, **store)
+    proc, address = serve(root, "udp://127.0.0.1:0")
+    try:
+        with Relay(address, LINK, seed=2) as relay:
+            done = evaluate((tmp_path / "b.tar", tmp_path / "k.pub", address, tmp_path), relay.address,
+                            "--scenario", "nominal", "--out", str(tmp_path / "hil.json"), steps=100)
+    finally:
+        stop(proc)
+    verdict = next((line for line in done.output.splitlines() if line.startswith("HIL gate ")), done.output)
+    return verdict, json.loads((tmp_path / "hil.json").read_text())["scenarios"][0]
+
+
+@pytest.mark.slow
+def test_policy_trained_with_latency_randomization_keeps_its_returns_where_the_fragile_one_falls(tmp_path):
+    """PPO with 0–2 steps of action latency per episode, exported to ONNX, behind the link that fells the fragile
+    balancer: no fall, and the paired-return clause passes. The link's own clauses (deadline misses, round-trip p99)
+    fail for any policy here: a ~20 ms round trip is the period, whatever the device serves."""
+    cfg = TrainConfig(task=f"{__name__}:LatencyRandomizedCartPole", iterations=80, num_envs=64, steps_per_env=32,
+                      hidden_dims=(32, 32))
+    checkpoint = train(cfg, LatencyRandomizedCartPole().nominal_params(), tmp_path / "train")
+    exported = export(ExportConfig(), checkpoint, tmp_path / "export")
+    fragile_verdict, fragile = behind_link(tmp_path / "fragile", k=LATENCY_FRAGILE)
+    verdict, row = behind_link(tmp_path / "trained", exported=exported)
+    assert "HIL vs in-process paired return difference" in fragile_verdict and fragile["hil"]["falls"] > 0, fragile
+    assert verdict.startswith("HIL gate FAIL 2/3: "), verdict
+    assert "paired return" not in verdict and "HIL round-trip p99" in verdict, verdict
+    assert row["in_process"]["falls"] == row["hil"]["falls"] == 0, row
+    assert row["hil"]["mean_return"] >= row["in_process"]["mean_return"] - 10, row
 
 
 @pytest.mark.parametrize("address", ["tcp://127.0.0.1:9", "udp://127.0.0.1:port", "udp://:9", "unix://"])
