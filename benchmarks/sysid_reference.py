@@ -30,12 +30,16 @@ from stages.twin.search import FRICTION_RANGE, max_effort
 Q = sysid.SignalType.MjStateQPos
 
 
+def actuated_joints(m: mujoco.MjModel) -> list[str]:
+    """Names of the joints an actuator drives."""
+    return [str(m.joint(j).name) for j in range(m.njnt) if actuated_dofs(m)[m.jnt_dofadr[j]]]
+
+
 def parameters(task: Task, profile: str) -> sysid.ParameterDict:
     """The fitted parameters as sysid spec modifiers, named as in the table; each starts at the nominal model
     (friction at 1% of the max effort, as sim2edge's search does)."""
     m, params = task.model, sysid.ParameterDict()
-    joints = [str(m.joint(j).name) for j in range(m.njnt)]
-    actuated = [j for j in joints if actuated_dofs(m)[m.jnt_dofadr[m.joint(j).id]]]
+    joints, actuated = [str(m.joint(j).name) for j in range(m.njnt)], actuated_joints(m)
     friction_max = FRICTION_RANGE * max_effort(task)
 
     def scale(name: str, write) -> None:
@@ -158,8 +162,6 @@ def sim2edge_rows(twin: TwinSpec, truth: PhysicalParams, profile: str, joints: l
 def compare(task: Task, replayer: Replayer, twin: TwinSpec, truth: PhysicalParams, profile: str,
             sim2edge_seconds: float, nthread: int) -> None:
     """Fit with sysid on ``replayer``'s windows and print one table against sim2edge's ``twin``."""
-    joints = [j for j in (str(task.model.joint(i).name) for i in range(task.model.njnt))
-              if actuated_dofs(task.model)[task.model.jnt_dofadr[task.model.joint(j).id]]]
     fitted, seconds, iterations = fit(task, replayer, twin, profile, nthread)
     win = replayer.win
     print(f"\nsim2edge vs mujoco.sysid {mujoco.__version__}, same {len(win.start)} windows × {win.target.shape[1]} "
@@ -168,11 +170,11 @@ def compare(task: Task, replayer: Replayer, twin: TwinSpec, truth: PhysicalParam
                              f"{'yes' if iv[0] <= t <= iv[1] else 'NO':3s}")
     print(f"{'parameter':15s} {'truth':>7s} | {'sim2edge':>9s} {'error':>8s}  95% interval      covers | "
           f"{'sysid':>9s} {'error':>8s}  95% interval      covers")
-    for name, t, v, iv in sim2edge_rows(twin, truth, profile, joints):
+    for name, t, v, iv in sim2edge_rows(twin, truth, profile, actuated_joints(task.model)):
         note = "  (sim2edge: unidentifiable, held at prior)" if name in twin.unidentified else ""
         print(f"{name:15s} {t:7.4f} | {cell(t, v, iv)} | {cell(t, *fitted[name])}{note}")
-    print(f"{'latency_steps':15s} {truth.latency_steps:7d} | {twin.params.latency_steps:9d} (searched 0–3)"
-          f"{'':25s} | n/a: given sim2edge's (no integer delay search)")
-    print(f"{'wall time':15s} {'':7s} | {sim2edge_seconds:8.1f} s (whole calibrate: search, "
-          f"per-joint fit, bootstrap) | {seconds:8.1f} s ({iterations} least-squares iterations + intervals), sysid/sim2edge "
-          f"{seconds / sim2edge_seconds:.1f}×")
+    print(f"{'latency_steps':15s} {truth.latency_steps:7d} | {twin.params.latency_steps:9d} (searched)"
+          f"{'':33s} | n/a: given sim2edge's (no integer delay search)")
+    print(f"{'wall time':15s} {'':7s} | {sim2edge_seconds:8.1f} s (whole calibrate: latency search, fits, "
+          f"bootstrap)  | {seconds:8.1f} s ({iterations} least-squares iterations, intervals); "
+          f"sysid/sim2edge {seconds / sim2edge_seconds:.1f}×")
