@@ -4,7 +4,11 @@ replay against a plain Python replay loop of the same windows and candidates, in
 Targets (issue 4): from ≤ 5 min of logs, damping, gain, friction (and mass, where identifiable) within 10%,
 latency exact, replay error ≥ 5× lower, calibration under 60 s on 2 cores. Issue 33: on the per-joint stand-in
 (``--profile per-joint``) each joint's damping and gain within 10–15%, replay error within 2× the true model's.
-Run: .venv/bin/python benchmarks/calibrate_reacher.py [--minutes 5] [--profile per-joint] [--joint-generations N]
+With ``--sysid`` (needs ``mujoco[sysid]``, in ``.[bench]``), ``mujoco.sysid`` fits the same parameters on the same
+windows in the same run (``benchmarks/sysid_reference.py``), and one table gives both sides' errors, 95% intervals and
+wall times; ``--windows N`` caps the windows of both sides.
+Run: PYTHONPATH=. .venv/bin/python benchmarks/calibrate_reacher.py [--minutes 5] [--profile per-joint]
+[--joint-generations N] [--sysid] [--windows N]
 """
 
 from __future__ import annotations
@@ -53,6 +57,9 @@ def main() -> None:
     ap.add_argument("--profile", choices=standin.PROFILES, default="global", help="The stand-in's hidden profile.")
     ap.add_argument("--joint-generations", type=int, default=CalibrateConfig().joint_generations,
                     help="Generations of the per-joint fit (0: the global fit only).")
+    ap.add_argument("--sysid", action="store_true", help="Also fit with mujoco.sysid on the same windows.")
+    ap.add_argument("--windows", type=int, default=CalibrateConfig().max_windows,
+                    help="Replay windows both fits use (at most).")
     args = ap.parse_args()
     task = load("reacher")
     episodes = int(args.minutes * 60 / (task.episode_steps * task.ctrl_dt))
@@ -60,7 +67,7 @@ def main() -> None:
     truth = standin.hidden_params("reacher", args.profile)
     log = record(task, truth, episodes, 0, tmp / "log.parquet", standin.robot_id("reacher", args.profile))
     ds = DatasetStore(tmp / "ds", task, "reacher").ingest([log], "benchmark").dataset
-    cfg = CalibrateConfig(joint_generations=args.joint_generations)
+    cfg = CalibrateConfig(joint_generations=args.joint_generations, max_windows=args.windows)
     start = time.perf_counter()
     twin = calibrate(cfg, ds, tmp / "twin")
     seconds = time.perf_counter() - start
@@ -84,6 +91,10 @@ def main() -> None:
     print(f"  true model's replay error {replayer.errors([truth])[0]:.4g}; misfit ratio {twin.misfit.ratio:.2f}, "
           f"worst joints {list(twin.misfit.worst_joints)}")
     print(f"  calibration wall time {seconds:.1f} s (target < 60 s)")
+    if args.sysid:
+        from benchmarks.sysid_reference import compare  # mujoco[sysid] is a bench extra
+
+        compare(task, replayer, twin, truth, args.profile, seconds, cfg.nthread)
 
     population = [twin.params.model_copy(update={"damping": d}) for d in np.linspace(1.0, 1.6, cfg.population)]
     start = time.perf_counter()
