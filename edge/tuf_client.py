@@ -33,6 +33,7 @@ from typing import Callable, Dict, Iterator, Optional, Tuple
 
 from edge.errors import CheckFailed
 from edge.registry_client import BundleRef, DownloadStats, RegistryUnavailable, TransferOptions
+from edge.rollout_plan import MAX_BYTES as MAX_PLAN_BYTES
 from edge.rollout_plan import parse_plan, ring_of, version_for
 from edge.store import DeviceStore
 from edge.values import ArtifactPath, PolicyName, Sha256, Version, shown
@@ -85,13 +86,18 @@ class TufClient:
         self._infos: Dict[str, object] = {}
         self._updater = None
 
+    @property
+    def _key(self) -> str:
+        """This repository's folder name under ``<store>/tuf/``: the URL's sha256, 16 hex."""
+        return hashlib.sha256(self.url.encode()).hexdigest()[:16]
+
     def _open(self):
         """The refreshed ``Updater`` (made on first use, under the caller's store lock)."""
         if self._updater is not None:
             return self._updater
         from tuf.ngclient import Updater
 
-        metadata = self.store.inside("tuf", hashlib.sha256(self.url.encode()).hexdigest()[:16])
+        metadata = self.store.inside("tuf", self._key)
         metadata.mkdir(parents=True, exist_ok=True)
         if not (metadata / "root.json").exists():
             shutil.copyfile(str(self.trusted_root), str(metadata / "root.json"))
@@ -110,9 +116,9 @@ class TufClient:
             info = updater.get_targetinfo(path)
             if info is None:
                 return None
-            if info.length > 64 << 10:
-                raise CheckFailed("rollout", f"target {path} declares {info.length} bytes (limit 65536)")
-            where = self.store.inside("tuf", hashlib.sha256(self.url.encode()).hexdigest()[:16] + ".rollout")
+            if info.length > MAX_PLAN_BYTES:
+                raise CheckFailed("rollout", f"target {path} declares {info.length} bytes (limit {MAX_PLAN_BYTES})")
+            where = self.store.inside("tuf", self._key + ".rollout")
             where.mkdir(parents=True, exist_ok=True)
             local = Path(updater.download_target(info, str(where / f"{policy}.json")))
         plan = parse_plan(local.read_bytes(), policy)
@@ -126,9 +132,9 @@ class TufClient:
     def resolve(self, ref: str) -> BundleRef:
         """The target ``<policy>/<version>.tar``; ``<policy>`` alone: its rollout's version for this device, else
         ``<policy>/latest.tar``; custom fields parsed."""
-        policy, version = parse_tuf_ref(ref)
-        directed = version is None and self._rollout_version(policy)
-        version = version or directed or None
+        policy, asked = parse_tuf_ref(ref)
+        planned = None if asked else self._rollout_version(policy)
+        version = asked or planned
         path = f"{policy}/{version or 'latest'}.tar"
         updater = self._open()
         with tuf_errors(self.url):
@@ -153,7 +159,7 @@ class TufClient:
             raise CheckFailed("size", f"target {path} declares {info.length} bytes (limit {self.options.max_bytes})")
         self._infos[path] = info
         return BundleRef(policy, got, ArtifactPath.parse(path, f"target path {path}", check="tuf"), sha256,
-                         info.length, "", directed=bool(directed))
+                         info.length, "", directed=planned is not None)
 
     def download(self, ref: BundleRef, part: Path, on_chunk: Optional[Callable[[int], None]] = None) -> DownloadStats:
         """Download the resolved target into ``part``; ngclient checks its length and sha256 (no resume)."""

@@ -73,11 +73,12 @@ def start(
         spec = _rings(rings)
         with tempfile.TemporaryDirectory() as tmp:
             version, tar = registered_bundle(MlflowClient(ws.tracking_uri()), policy, which, Path(tmp))
-            before = sorted((int(v) for v in published_versions(repo, policy) if int(v) < int(version)))
+            published = published_versions(repo, policy)
+            before = sorted(int(v) for v in published if int(v) < int(version))
             cfg = RolloutConfig(policy=policy, version=version, previous=previous or (str(before[-1]) if before else None),
                                 rings=spec, abort_failed_percent=abort_failed, min_devices=min_devices, soak_s=soak,
                                 ring_timeout_s=ring_timeout)
-            if version not in published_versions(repo, policy):
+            if version not in published:
                 held = begin(cfg, 0.0).model_copy(update={"status": "aborted"})  # everyone at the previous version
                 if cfg.previous:
                     write_rollout(RepoConfig(repo=repo, keys=keys), policy, plan(held))

@@ -18,6 +18,7 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
+from edge.store import write_atomic
 from registry.rollout import RolloutConfig, RolloutState, control, judge, plan, start
 
 
@@ -54,12 +55,7 @@ def save_state(state_dir: Path, state: RolloutState) -> None:
     """Write the state atomically (a crash leaves the old one or the new one, never half)."""
     path = state_file(state_dir, state.config.policy)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(state.model_dump_json(indent=1))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, state.model_dump_json(indent=1).encode())
 
 
 def take_command(state_dir: Path, policy: str) -> Optional[str]:
