@@ -66,7 +66,7 @@ def sweep(delays: list[float], jitter: float, episodes: int, steps: int) -> None
             try:
                 for delay in delays:
                     with Relay(address, Impairment(delay_s=delay, jitter_s=jitter), seed=2) as relay:
-                        cfg = HilSuiteConfig(device=relay.address, episodes=episodes, max_steps=steps,
+                        cfg = HilSuiteConfig(devices=(relay.address,), episodes=episodes, max_steps=steps,
                                              scenarios=("nominal",))
                         report = hil_evaluate(cfg, HilGateConfig(), onnx, "cartpole")
                     base, hil = report.scenarios[0]["in_process"], report.scenarios[0]["hil"]

@@ -13,17 +13,16 @@ from flows.cli_output import console, fail
 from flows.gate import verdict
 
 
-def hil_config(device: str, episodes: Optional[int], seed: int, max_steps: Optional[int], suite: Optional[Path],
+def hil_config(devices: list[str], episodes: Optional[int], seed: int, max_steps: Optional[int], suite: Optional[Path],
                scenarios: list[str]):
-    """The run's configuration; a bad address is refused in one line before anything runs."""
-    from stages.twin.hil_evaluate import HilSuiteConfig
-    from stages.twin.hil_link import parse_address
+    """The run's configuration; a bad or repeated address is refused in one line before anything runs."""
+    from stages.twin.hil_evaluate import HilSuiteConfig, check_devices
 
     try:
-        parse_address(device)
+        check_devices(tuple(devices))
     except ValueError as e:
         fail(f"--hil: {e}")
-    return HilSuiteConfig(device=device, seed=seed, max_steps=max_steps, suite=suite, scenarios=tuple(scenarios),
+    return HilSuiteConfig(devices=tuple(devices), seed=seed, max_steps=max_steps, suite=suite, scenarios=tuple(scenarios),
                           **({"episodes": episodes} if episodes else {}))
 
 
@@ -43,11 +42,11 @@ def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params,
         fail(str(e))
     try:
         report = hil_evaluate(cfg, gate, onnx, task, params)
-    except OSError as e:
-        fail(f"--hil {cfg.device}: {e}")
+    except (OSError, ValueError) as e:  # a failed device is named; devices serving different policies each
+        fail(f"--hil: {e}")
     table = Table("scenario", "success in-proc", "success HIL", "return in-proc (95%)", "return HIL (95%)",
                   "misses", "late", "lost", "RTT p50/p99/max ms", "device act p99 µs",
-                  title=f"{label}: in-process vs HIL at {cfg.device} ({cfg.episodes} episodes, seed {cfg.seed})")
+                  title=f"{label}: in-process vs HIL at {', '.join(cfg.devices)} ({cfg.episodes} episodes, seed {cfg.seed})")
     for r in report.scenarios:
         base, hil, dev = r["in_process"], r["hil"], r["device"] or {}
         table.add_row(r["scenario"], f"{base['success_rate']:.2f}", f"{hil['success_rate']:.2f}",

@@ -178,8 +178,9 @@ def evaluate(
     episodes: Optional[int] = typer.Option(None, help="Episodes per scenario (default: the suite's; 4 with --hil)."),
     seed: int = typer.Option(1000),
     video: bool = typer.Option(True, help="Render the nominal and worst episodes into the report."),
-    hil: Optional[str] = typer.Option(None, help="Hardware-in-the-loop: the device serving this policy "
-                                                 "(sim2edge-agent run), udp://HOST:PORT or unix:///PATH."),
+    hil: list[str] = typer.Option([], "--hil", help="Hardware-in-the-loop: the device serving this policy "
+                                  "(sim2edge-agent run), udp://HOST:PORT or unix:///PATH; repeatable: the suite is "
+                                  "sharded across the devices, which run concurrently."),
     scenario: list[str] = typer.Option([], "--scenario", help="With --hil: run only this scenario (repeatable)."),
     max_steps: Optional[int] = typer.Option(None, min=1, help="With --hil: control steps per episode "
                                                                "(default: the task's)."),
@@ -189,11 +190,12 @@ def evaluate(
 ) -> None:
     """Run the scenario suite on a registered version or a bundle; log the report to MLflow and print the gate.
 
-    With --hil the suite runs in real time against the device and in-process on the same seeds, side by side,
-    under the HIL gate (deadline misses, round trip, return non-inferior to in-process)."""
+    With --hil the suite runs in real time against the device (several --hil: sharded across them, concurrently)
+    and in-process on the same seeds, side by side, under the HIL gate (deadline misses, round trip, return
+    non-inferior to in-process)."""
     import tempfile
 
-    if hil is not None:
+    if hil:
         from flows.cli_hil import hil_config
 
         hil_cfg = hil_config(hil, episodes, seed, max_steps, suite, scenario)
@@ -231,7 +233,7 @@ def evaluate(
         twin = twin or lineage.stage_artifact(client, version, "calibrate", "twin/twin.json", work / "twin")
         task, label = version_task(version), f"{name} v{version.version}"
     spec = twin_from_file(twin, task)
-    if hil is not None:
+    if hil:
         from flows.cli_hil import run_hil_suite
 
         return run_hil_suite(hil_cfg, hil_gate, onnx, task, spec.params, label, out or ws.home / "evaluations" /

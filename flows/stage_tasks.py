@@ -175,7 +175,8 @@ def package_and_register(ctx: RunContext, params: PipelineParams, ws: Workspace,
             client.delete_model_version(params.policy_name, version)
             client.finalize_logged_model(model.model_id, "FAILED")
             if isinstance(e, TRANSIENT):  # the device, not the registry: a retry would reserve yet another version
-                raise RuntimeError(f"hil_evaluate: device {params.hil.device}: {type(e).__name__}: {e}") from None
+                raise RuntimeError(f"hil_evaluate: device {', '.join(params.hil.devices) or 'local'}: "
+                                   f"{type(e).__name__}: {e}") from None
             raise
         hil_tags = {"sim2edge.hil_gate": "pass" if hil.passed else "fail",
                     **({} if hil.passed else {"sim2edge.not_promoted": failed_clauses(hil)})}

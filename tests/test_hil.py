@@ -36,9 +36,10 @@ CARTPOLE_IO = {"input": {"terms": [{"name": n, "unit": "1"} for n in
                "output": {"terms": [{"name": "slide", "unit": "N"}], "low": [-1.0], "high": [1.0], "default": [0.0]}}
 
 
-def cartpole_store(tmp_path: Path, k=BALANCER, exported: ExportedPolicy | None = None) -> tuple[Path, Path]:
-    """A device store whose active bundle is the linear controller ``clip(obs · k, -1, 1)``, or ``exported`` (a
-    trained cart-pole policy's ONNX and golden file) where given; returns (store, onnx)."""
+def cartpole_store(tmp_path: Path, k=BALANCER, exported: ExportedPolicy | None = None,
+                   version: str = "1") -> tuple[Path, Path]:
+    """A device store whose active bundle (balancer ``version``) is the linear controller ``clip(obs · k, -1, 1)``,
+    or ``exported`` (a trained cart-pole policy's ONNX and golden file) where given; returns (store, onnx)."""
     from edge.store import DeviceStore
 
     onnx = tmp_path / "policy.onnx"
@@ -54,21 +55,21 @@ def cartpole_store(tmp_path: Path, k=BALANCER, exported: ExportedPolicy | None =
         golden = exported.golden.read_bytes()
     priv, pub = make_keys(tmp_path)
     make_bundle(tmp_path / "b.tar", priv, files={"policy.onnx": onnx.read_bytes(), "golden.npz": golden},
-                io=CARTPOLE_IO, period_s=0.02, name="balancer")
+                io=CARTPOLE_IO, period_s=0.02, name="balancer", version=version)
     store = DeviceStore(tmp_path / "store")
     staged = store.staging_dir()
     bundle.extract(tmp_path / "b.tar", staged, 1 << 24)
     bundle.verify_dir(staged, signing.load_trusted([pub]))
-    store.activate(store.install(staged, "balancer", "1"))
+    store.activate(store.install(staged, "balancer", version))
     return store.root, onnx
 
 
-def serve(root: Path, listen: str, prefix: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+def serve(root: Path, listen: str, prefix: tuple[str, ...] = (), version: str = "1") -> tuple[subprocess.Popen, str]:
     """``sim2edge-agent run`` (its watchdog out of the way: every action it sends answers an observation)."""
     proc = subprocess.Popen([*prefix, AGENT, "run", "--root", str(root), "--listen", listen, "--watchdog-periods",
                              "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
-    if not line.startswith("serving balancer v1 on "):
+    if not line.startswith(f"serving balancer v{version} on "):
         proc.kill()
         pytest.fail(f"the agent did not start: {line}{proc.communicate(timeout=10)[1]}")
     return proc, line.split(" on ", 1)[1].split(" ")[0]

@@ -21,7 +21,7 @@ import time
 from typing import Optional
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from edge.control import LATE, WATCHDOG
 from stages.sim.env import BatchedEnv
@@ -43,6 +43,14 @@ class HilConfig(BaseModel):
     lead: float = Field(0.25, ge=0, lt=1, description="Send each observation this fraction of a period before the "
                                                      "device's tick.")
     grace_s: float = Field(0.2, ge=0, description="After an episode, wait this long for late actions.")
+    rows: tuple[int, ...] = Field((), description="Run only these episodes (rows of the shard, each < episodes; "
+                                                  "empty: all), as a device's part of a sharded run.")
+
+    @model_validator(mode="after")
+    def _rows(self) -> "HilConfig":
+        if any(not 0 <= i < self.episodes for i in self.rows):
+            raise ValueError(f"rows {list(self.rows)} must lie in 0..{self.episodes - 1}")
+        return self
 
 
 class HilEpisode(BaseModel):
@@ -139,14 +147,15 @@ def substep_actions(current: np.ndarray, changes: list[tuple[int, np.ndarray]],
 
 def run_hil(cfg: HilConfig, task_ref: str, scenario: Scenario = Scenario(name=NOMINAL),
             params: Optional[PhysicalParams] = None) -> HilResult:
-    """``cfg.episodes`` real-time episodes of ``scenario`` around ``params`` with the device at ``cfg.device``."""
+    """``cfg.episodes`` real-time episodes (or its ``rows``) of ``scenario`` around ``params`` with the device at
+    ``cfg.device``."""
     task = hil_task(task_ref, cfg.max_steps)
     params = params or task.nominal_params()
     link = DeviceLink(cfg.device)
     seq, episodes = 1, []
     try:
         before = link.stats()
-        for i in range(cfg.episodes):
+        for i in cfg.rows or range(cfg.episodes):
             env = twin_env(task, scenario, params, cfg.seed, cfg.episodes)
             obs = env.reset()[i]
             phase = align(link, obs, task.ctrl_dt, seq, cfg.probes, cfg.lead * task.ctrl_dt)

@@ -1,7 +1,9 @@
 """The scenario suite over hardware-in-the-loop, beside in-process evaluation on the same seeds, gated.
 
 Every scenario runs twice on the same initial states (one shard, seed ``cfg.seed``): in-process,
-through ``edge.runtime`` as evaluation does, and in real time against the device (``run_hil``). The
+through ``edge.runtime`` as evaluation does, and in real time against the device (``run_hil``).
+With several devices the suite's (scenario, episode) work is cut into one contiguous part per
+device, run concurrently, and merged back into suite and seed order (``run_shards``). The
 HIL gate adds floors on what only the link and the device can do wrong: deadline misses per
 scenario, the round-trip p99 against a fraction of the control period, and HIL returns
 non-inferior to in-process returns (the paired per-episode difference over the suite). A
@@ -13,8 +15,11 @@ after ``package`` when ``hil`` is set in its parameters; a failing HIL gate keep
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
@@ -28,7 +33,7 @@ from stages.sim.params import PhysicalParams
 from stages.twin.episodes import run_episodes
 from stages.twin.gate import Check
 from stages.twin.hil import HilConfig, HilResult, hil_task, run_hil
-from stages.twin.hil_link import parse_address
+from stages.twin.hil_link import DeviceLink, parse_address
 from stages.twin.stats import bootstrap_mean, wilson
 from stages.twin.suite import Scenario, load_suite, suite_path
 
@@ -58,9 +63,20 @@ def load_gate(path: Optional[Path]) -> HilGateConfig:
                          f"(allowed: {', '.join(HilGateConfig.model_fields)})") from None
 
 
+def check_devices(devices: tuple[str, ...]) -> tuple[str, ...]:
+    """``devices`` if each is a device address, none twice; else ValueError naming the first that is not."""
+    for device in devices:
+        parse_address(device)
+    twice = [d for d in devices if devices.count(d) > 1]
+    if twice:
+        raise ValueError(f"device {twice[0]} is given twice")
+    return devices
+
+
 class HilSuiteConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    device: str = Field(description="The device's address: udp://HOST:PORT or unix:///PATH.")
+    devices: tuple[str, ...] = Field(min_length=1, description="The devices' addresses, udp://HOST:PORT or "
+                                     "unix:///PATH, each serving the policy; the suite is sharded across them.")
     episodes: int = Field(4, ge=1, description="Seeded episodes per scenario (real time: each lasts its task's "
                                                "episode length).")
     seed: int = Field(1000, description="Seed of initial states, as in EvalConfig (one shard).")
@@ -68,11 +84,14 @@ class HilSuiteConfig(BaseModel):
     suite: Optional[Path] = Field(None, description="Scenario suite file (None: the task's own, else the default).")
     scenarios: tuple[str, ...] = Field((), description="Run only these scenarios of the suite (empty: all).")
 
-    @field_validator("device")
+    @field_validator("devices")
     @classmethod
-    def _address(cls, device: str) -> str:
-        parse_address(device)
-        return device
+    def _addresses(cls, devices: tuple[str, ...]) -> tuple[str, ...]:
+        return check_devices(devices)
+
+    def hil(self, device: str, rows: tuple[int, ...]) -> HilConfig:
+        """The real-time run of ``rows`` of a scenario's episodes on ``device``."""
+        return HilConfig(device=device, episodes=self.episodes, seed=self.seed, max_steps=self.max_steps, rows=rows)
 
     def select(self, task_ref: str) -> tuple[Scenario, ...]:
         """The suite's scenarios to run; an unknown name raises ValueError naming it and the suite's."""
@@ -89,7 +108,8 @@ class HilReport(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     task: str
-    device: str
+    device: str = Field(description="The device's address; several comma-separated when the suite was sharded "
+                                    "(each scenario's ``shards`` say which ran what).")
     seed: int
     period_s: float
     scenarios: tuple[dict, ...]
@@ -98,7 +118,8 @@ class HilReport(BaseModel):
     gate: HilGateConfig
     checks: tuple[Check, ...]
     device_runtime: Optional[str] = Field(None, description="The runtime the device chose, e.g. 'onnxruntime "
-                                          "(CPUExecutionProvider)', from its statistics (None: it did not say).")
+                                          "(CPUExecutionProvider)', from its statistics (None: it did not say); "
+                                          "the distinct ones, '; '-separated, over several devices.")
 
     @property
     def passed(self) -> bool:
@@ -119,6 +140,10 @@ def in_process(onnx: Path, task_ref: str, scenario: Scenario, params: PhysicalPa
             "falls": int(e.fell.sum())}
 
 
+class DeviceFailed(OSError):
+    """A device that did not answer or whose link failed; the message starts with its address."""
+
+
 def device_counters(r: HilResult) -> Optional[dict]:
     """How much each of the device's counters grew during the scenario, and its act() timing after it."""
     if r.device_before is None or r.device_after is None:
@@ -127,12 +152,105 @@ def device_counters(r: HilResult) -> Optional[dict]:
     return {**grown, **{k: r.device_after[k] for k in ("act_p50_us", "act_p99_us", "wake_late_p99_us")}}
 
 
-def device_runtime(r: HilResult) -> Optional[str]:
+def merged_counters(parts: list[Optional[dict]]) -> Optional[dict]:
+    """The counters of the devices that ran a scenario summed, their act()/wake-up percentiles the worst of them."""
+    if not parts or any(p is None for p in parts):
+        return None
+    return {k: max((p[k] for p in parts if p[k] is not None), default=None) if k.endswith("_us")
+            else sum(p[k] for p in parts) for k in parts[0]}
+
+
+def runtime_of(stats: dict) -> Optional[str]:
     """The runtime serving on the device and its providers, as its statistics (S2S1) name them."""
-    stats = r.device_after or r.device_before or {}
     if "runtime" not in stats:
         return None
     return f"{stats['runtime']} ({', '.join(stats.get('providers', []))})"
+
+
+def served(stats: dict) -> str:
+    """The policy and version a device serves, as its statistics (S2S1) name them."""
+    return f"{stats.get('policy', '?')} v{stats.get('version', '?')}"
+
+
+def device_stats(devices: tuple[str, ...]) -> dict[str, dict]:
+    """Each device's statistics (S2S1), asked concurrently; DeviceFailed naming a device that does not answer, and
+    ValueError naming each device's policy when they do not all serve the same policy version."""
+    def ask(device: str) -> dict:
+        link = DeviceLink(device)
+        try:
+            stats = link.stats()
+        except OSError as e:
+            raise DeviceFailed(f"{device}: {e}") from None
+        finally:
+            link.close()
+        if stats is None:
+            raise DeviceFailed(f"{device}: no answer to its statistics requests (S2S1)")
+        return stats
+
+    with ThreadPoolExecutor(len(devices)) as pool:
+        stats = dict(zip(devices, pool.map(ask, devices)))
+    if len({served(s) for s in stats.values()}) > 1:
+        raise ValueError("the devices serve different policies: " + ", ".join(f"{d} serves {served(s)}"
+                                                                             for d, s in stats.items()))
+    return stats
+
+
+def shards(scenarios: int, episodes: int, devices: int) -> list[list[tuple[int, tuple[int, ...]]]]:
+    """The suite's (scenario, episode) work, in suite and seed order, cut into ``devices`` contiguous parts of
+    near-equal size; each part as its (scenario index, episodes) groups."""
+    work = [(s, e) for s in range(scenarios) for e in range(episodes)]
+    cuts = np.linspace(0, len(work), devices + 1).round().astype(int)
+    return [[(s, tuple(e for _, e in group)) for s, group in itertools.groupby(work[a:b], key=lambda w: w[0])]
+            for a, b in zip(cuts, cuts[1:])]
+
+
+def run_shards(cfg: HilSuiteConfig, task_ref: str, scenarios: tuple[Scenario, ...],
+               params: PhysicalParams) -> list[list[tuple[str, HilResult]]]:
+    """Per scenario, the (device, result) of each device that ran part of it, the devices running concurrently.
+
+    One thread per device suffices: a device's thread spends its control periods waiting in ``select`` and
+    integrating the twin with ``mujoco.rollout``, both outside the GIL, and its own Python work per period is
+    well under a millisecond of a 20 ms period. When one device fails the others stop after their current scenario,
+    and the first failure (in device order) is raised as DeviceFailed naming its address."""
+    stop = threading.Event()
+
+    def run(device: str, part: list[tuple[int, tuple[int, ...]]]) -> list[tuple[int, HilResult]]:
+        done = []
+        try:
+            for s, rows in part:
+                if stop.is_set():
+                    break
+                done.append((s, run_hil(cfg.hil(device, rows), task_ref, scenarios[s], params)))
+        except Exception as e:
+            stop.set()
+            if isinstance(e, OSError):
+                raise DeviceFailed(f"{device}: {e}") from None
+            raise
+        return done
+
+    with ThreadPoolExecutor(len(cfg.devices)) as pool:
+        futures = [pool.submit(run, d, p) for d, p in zip(cfg.devices, shards(len(scenarios), cfg.episodes,
+                                                                              len(cfg.devices)))]
+    per_scenario: list[list[tuple[str, HilResult]]] = [[] for _ in scenarios]
+    for device, future in zip(cfg.devices, futures):
+        for s, result in future.result():
+            per_scenario[s].append((device, result))
+    return per_scenario
+
+
+def merge(parts: list[tuple[str, HilResult]]) -> HilResult:
+    """One scenario's results from its devices as one result, episodes in seed order (no device statistics)."""
+    first = parts[0][1]
+    episodes = sorted((e for _, r in parts for e in r.episodes), key=lambda e: e.episode)
+    return HilResult(task=first.task, scenario=first.scenario, period_s=first.period_s, episodes=tuple(episodes))
+
+
+def shard_rows(parts: list[tuple[str, HilResult]]) -> list[dict]:
+    """Which device ran which episodes of a scenario, with its runtime, policy and own counters over them."""
+    return [{"device": device, "episodes": [e.episode for e in r.episodes],
+             "policy": served(r.device_after or r.device_before or {}),
+             "runtime": runtime_of(r.device_after or r.device_before or {}), "counters": device_counters(r)}
+            for device, r in parts]
 
 
 def hil_checks(gate: HilGateConfig, rows: list[dict], rtt_p99_ms: float, period_s: float,
@@ -152,22 +270,25 @@ def hil_checks(gate: HilGateConfig, rows: list[dict], rtt_p99_ms: float, period_
 
 def hil_evaluate(cfg: HilSuiteConfig, gate: HilGateConfig, onnx: Path, task_ref: str,
                  params: Optional[PhysicalParams] = None) -> HilReport:
-    """Each selected scenario in-process and over HIL on the same seeds; the HIL gate over the results."""
+    """Each selected scenario in-process and over HIL on the same seeds (sharded across ``cfg.devices``, after each
+    device answered and all serve the same policy version); the HIL gate over the results."""
     task = hil_task(task_ref, cfg.max_steps)
     params = params or task.nominal_params()
-    rows, diffs, rtts, runtime = [], [], [], None
-    for sc in cfg.select(task_ref):
-        base = in_process(onnx, task_ref, sc, params, cfg)
-        hil = run_hil(HilConfig(device=cfg.device, episodes=cfg.episodes, seed=cfg.seed, max_steps=cfg.max_steps),
-                      task_ref, sc, params)
+    scenarios = cfg.select(task_ref)
+    stats = device_stats(cfg.devices)
+    bases = [in_process(onnx, task_ref, sc, params, cfg) for sc in scenarios]
+    rows, diffs, rtts = [], [], []
+    for sc, base, parts in zip(scenarios, bases, run_shards(cfg, task_ref, scenarios, params)):
+        hil = merge(parts)
         row = hil.summary(cfg.seed)
         row["deadline_miss_fraction"] = row["deadline_misses"] / max(sum(e.steps for e in hil.episodes), 1)
         diffs.append(hil.returns - np.asarray(base.pop("returns")))
         rtts += [t for e in hil.episodes for t in e.rtt_ms]
-        rows.append({"scenario": sc.name, "in_process": base, "hil": row, "device": device_counters(hil)})
-        runtime = runtime or device_runtime(hil)
+        rows.append({"scenario": sc.name, "in_process": base, "hil": row,
+                     "device": merged_counters([device_counters(r) for _, r in parts]), "shards": shard_rows(parts)})
     paired = bootstrap_mean(np.concatenate(diffs), seed=cfg.seed)
     rtt_p99 = float(np.percentile(rtts, 99)) if rtts else math.nan
-    return HilReport(task=task.name, device=cfg.device, seed=cfg.seed, period_s=task.ctrl_dt, scenarios=tuple(rows),
-                     round_trip_ms_p99=rtt_p99, paired_difference_ci95=tuple(paired), gate=gate,
-                     checks=tuple(hil_checks(gate, rows, rtt_p99, task.ctrl_dt, paired[0])), device_runtime=runtime)
+    runtimes = "; ".join(dict.fromkeys(r for r in map(runtime_of, stats.values()) if r)) or None
+    return HilReport(task=task.name, device=", ".join(cfg.devices), seed=cfg.seed, period_s=task.ctrl_dt,
+                     scenarios=tuple(rows), round_trip_ms_p99=rtt_p99, paired_difference_ci95=tuple(paired), gate=gate,
+                     checks=tuple(hil_checks(gate, rows, rtt_p99, task.ctrl_dt, paired[0])), device_runtime=runtimes)

@@ -3,7 +3,8 @@
 Between ``package`` and ``register``. With ``device: local`` the stage is its own bench device: it
 installs the signed bundle into a fresh device store (verified against the workspace's key) and
 serves it with ``sim2edge-agent run`` on loopback for the stage's duration. With an address, the
-device there is assumed to serve the candidate bundle already (a Jetson on the bench).
+device there is assumed to serve the candidate bundle already (a Jetson on the bench); with a list of
+addresses, the suite is sharded across those devices (``hil_evaluate.run_shards``).
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from stages.sim.params import PhysicalParams
-from stages.twin.hil_evaluate import HilReport, HilSuiteConfig, hil_evaluate, load_gate
-from stages.twin.hil_link import parse_address
+from stages.twin.hil_evaluate import HilReport, HilSuiteConfig, check_devices, hil_evaluate, load_gate
 
 LOCAL = "local"
 MAX_BUNDLE_BYTES = 1 << 30
@@ -28,8 +28,10 @@ class HilSettings(BaseModel):
     """Hardware-in-the-loop evaluation of the packaged candidate (pipeline parameter ``hil``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    device: str = Field(description="`local` (the stage serves the bundle with sim2edge-agent run on loopback), or "
-                                    "the address of a device serving it: udp://HOST:PORT or unix:///PATH.")
+    device: Union[str, tuple[str, ...]] = Field(
+        description="`local` (the stage serves the bundle with sim2edge-agent run on loopback), the address of a "
+                    "device serving it (udp://HOST:PORT or unix:///PATH), or a list of such addresses to shard the "
+                    "suite across.")
     gate_file: Optional[Path] = Field(None, description="YAML of the HIL gate's floors (None: the defaults).")
     episodes: int = Field(2, ge=1, description="Real-time episodes per scenario.")
     max_steps: Optional[int] = Field(None, ge=1, description="Control steps per episode (None: the task's).")
@@ -37,16 +39,23 @@ class HilSettings(BaseModel):
 
     @field_validator("device")
     @classmethod
-    def _device(cls, device: str) -> str:
+    def _device(cls, device: Union[str, tuple[str, ...]]) -> Union[str, tuple[str, ...]]:
+        if device == ():
+            raise ValueError(f"give at least one device address, or {LOCAL!r}")
         if device != LOCAL:
             try:
-                parse_address(device)
+                check_devices((device,) if isinstance(device, str) else device)
             except ValueError as e:
-                raise ValueError(f"{e}, or {LOCAL!r}") from None
+                raise ValueError(str(e) if isinstance(device, tuple) else f"{e}, or {LOCAL!r}") from None
         return device
 
-    def suite(self, address: str, seed: int) -> HilSuiteConfig:
-        return HilSuiteConfig(device=address, episodes=self.episodes, seed=seed, max_steps=self.max_steps,
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The addresses (``local``: none yet, the bench agent's comes when it serves)."""
+        return () if self.device == LOCAL else (self.device,) if isinstance(self.device, str) else self.device
+
+    def suite(self, devices: tuple[str, ...], seed: int) -> HilSuiteConfig:
+        return HilSuiteConfig(devices=devices, episodes=self.episodes, seed=seed, max_steps=self.max_steps,
                               scenarios=self.scenarios)
 
 
@@ -80,12 +89,13 @@ def bench_device(bundle: Path, trusted: Path, root: Path) -> Iterator[str]:
 
 def run_hil_stage(cfg: HilSettings, bundle: Path, trusted: Path, onnx: Path, task_ref: str, params: PhysicalParams,
                   seed: int, workdir: Path) -> HilReport:
-    """The HIL suite of ``cfg`` against the candidate: on a bench agent (``local``) or on the device at its address."""
+    """The HIL suite of ``cfg`` against the candidate: on a bench agent (``local``) or on the devices at their
+    addresses."""
     gate = load_gate(cfg.gate_file)
     if cfg.device != LOCAL:
-        return hil_evaluate(cfg.suite(cfg.device, seed), gate, onnx, task_ref, params)
+        return hil_evaluate(cfg.suite(cfg.devices, seed), gate, onnx, task_ref, params)
     with bench_device(bundle, trusted, workdir / "device") as address:
-        return hil_evaluate(cfg.suite(address, seed), gate, onnx, task_ref, params)
+        return hil_evaluate(cfg.suite((address,), seed), gate, onnx, task_ref, params)
 
 
 def hil_metrics(report: HilReport) -> dict[str, float]:
