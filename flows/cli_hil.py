@@ -22,8 +22,8 @@ def hil_config(devices: list[str], episodes: Optional[int], seed: int, max_steps
         check_devices(tuple(devices))
     except ValueError as e:
         fail(f"--hil: {e}")
-    return HilSuiteConfig(devices=tuple(devices), seed=seed, max_steps=max_steps, suite=suite, scenarios=tuple(scenarios),
-                          **({"episodes": episodes} if episodes else {}))
+    return HilSuiteConfig(devices=tuple(devices), seed=seed, max_steps=max_steps, suite=suite,
+                          scenarios=tuple(scenarios), **({"episodes": episodes} if episodes else {}))
 
 
 def _ci(values: list[float], fmt: str) -> str:
@@ -46,7 +46,8 @@ def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params,
         fail(f"--hil: {e}")
     table = Table("scenario", "success in-proc", "success HIL", "return in-proc (95%)", "return HIL (95%)",
                   "misses", "late", "lost", "RTT p50/p99/max ms", "device act p99 µs",
-                  title=f"{label}: in-process vs HIL at {', '.join(cfg.devices)} ({cfg.episodes} episodes, seed {cfg.seed})")
+                  title=f"{label}: in-process vs HIL at {', '.join(cfg.devices)} "
+                        f"({cfg.episodes} episodes, seed {cfg.seed})")
     for r in report.scenarios:
         base, hil, dev = r["in_process"], r["hil"], r["device"] or {}
         table.add_row(r["scenario"], f"{base['success_rate']:.2f}", f"{hil['success_rate']:.2f}",

@@ -66,6 +66,7 @@ def test_two_devices_share_the_suite_and_merge_to_the_one_device_result(devices,
     assert ran == {a, b}  # each device ran a part
     split = two["scenarios"][1]["shards"]  # damping+30%: episode 0 on the first device, episode 1 on the second
     assert [(s["device"], s["episodes"]) for s in split] == [(a, [0]), (b, [1])]
+    assert f"<td>{a}: 0; {b}: 1</td>" in (tmp_path / "two.html").read_text()  # the HTML says which ran what
     for r1, r2 in zip(one["scenarios"], two["scenarios"]):
         assert r2["in_process"] == r1["in_process"]  # the same seeds, the same in-process side
         assert r2["hil"]["episodes"] == r1["hil"]["episodes"] == EPISODES and r2["hil"]["steps"] == EPISODES * STEPS

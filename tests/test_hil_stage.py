@@ -115,7 +115,8 @@ def test_hil_stage_logs_results_and_a_failing_hil_gate_keeps_a_challenger(mlflow
     ("hil.device=tcp://127.0.0.1:9", "hil.device: Value error, device address 'tcp://127.0.0.1:9' must be"),
     ("hil.device=udp://127.0.0.1:port", "hil.device: Value error"),
     ("hil={device: local, misses: 3}", "hil.misses: not a key here; allowed: device, gate_file, episodes"),
-    ("hil.device=[udp://127.0.0.1:9, udp://127.0.0.1:9]", "hil.device: Value error, device udp://127.0.0.1:9 is given twice"),
+    ("hil.device=[udp://127.0.0.1:9, udp://127.0.0.1:9]",
+     "hil.device: Value error, device udp://127.0.0.1:9 is given twice"),
     ("hil.device=[local]", "hil.device: Value error, device address 'local' must be"),
 ])
 def test_a_bad_hil_setting_is_refused_in_one_line_naming_the_field(assignment, message):

@@ -101,10 +101,12 @@ def write_hil(hil: dict, out: Path) -> Path:
              f"{r['hil']['mean_return']:.1f} {ci(r['hil']['mean_return_ci95'])}", r["in_process"]["falls"], r["hil"]["falls"],
              f"{r['hil']['deadline_misses']}/{r['hil']['steps']}", r["hil"]["late_actions"], r["hil"]["lost_actions"],
              f"{r['hil']['rtt_ms_p50']:.1f} / {r['hil']['rtt_ms_p99']:.1f} / {r['hil']['rtt_ms_max']:.1f}",
-             (r["device"] or {}).get("act_p99_us", "-")] for r in hil["scenarios"]]
+             (r["device"] or {}).get("act_p99_us", "-"),
+             "; ".join(f"{s['device']}: {', '.join(map(str, s['episodes']))}" for s in r["shards"])]
+            for r in hil["scenarios"]]
     scen = _table(["scenario", "episodes", "success in-process", "success HIL", "return in-process (95%)",
                    "return HIL (95%)", "falls in-process", "falls HIL", "deadline misses", "late", "lost",
-                   "round trip p50 / p99 / max ms", "device act() p99 µs"], rows)
+                   "round trip p50 / p99 / max ms", "device act() p99 µs", "device: episodes"], rows)
     gate = _table(["check", "result", ""], [[c["name"], "pass" if c["passed"] else "FAIL", c["detail"]] for c in hil["checks"]])
     verdict = "PASSED" if hil["passed"] else "FAILED"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>sim2edge HIL: {html.escape(hil['task'])}</title>
