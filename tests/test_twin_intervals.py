@@ -14,7 +14,7 @@ from stages.sim.registry import load
 from stages.twin.search import FITTED
 from stages.twin.calibrate import CalibrateConfig, calibrate
 from stages.twin.twin_files import twin_from_file
-from stages.twin.intervals import interval, resample
+from stages.twin.intervals import interval, polish, resample
 
 CHEAP = CalibrateConfig(window=10, max_windows=36, generations=16, search_generations=4, max_latency=0,
                         joint_generations=0, bootstrap=200)
@@ -61,10 +61,12 @@ def test_an_unidentifiable_parameter_gets_its_whole_search_range():
     noise, pattern = rng.normal(0, 0.01, (2, 40, 5))
     residuals = lambda xs: np.stack([noise + x[1] - 0.5 + 1e-3 * pattern * x[0] for x in xs])  # noqa: E731
     bounds = np.array([[-1.6, 1.6], [0.0, 1.0]])
-    box = interval(residuals, np.array([0.0, 0.5]), bounds, np.array([True, True]),
-                   resample(np.arange(40), 200, 0), np.zeros(2))
+    free, prior = np.array([True, True]), np.zeros(2)
+    box = interval(polish(residuals, np.array([0.0, 0.5]), bounds, free, prior), bounds, free,
+                   resample(np.arange(40), 200, 0), prior)
     np.testing.assert_allclose(box[0], bounds[0])
     assert box[1, 0] < 0.5 < box[1, 1] and box[1, 1] - box[1, 0] < 0.01
-    fixed = interval(residuals, np.array([0.0, 0.5]), bounds, np.array([False, True]),
-                     resample(np.arange(40), 200, 0), np.zeros(2))
+    free = np.array([False, True])
+    fixed = interval(polish(residuals, np.array([0.0, 0.5]), bounds, free, prior), bounds, free,
+                     resample(np.arange(40), 200, 0), prior)
     np.testing.assert_allclose(fixed[0], bounds[0])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -36,7 +37,7 @@ from stages.artifacts import Dataset, Misfit, TwinSpec, atomic_dir, sha256_json
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.twin.calibration_config import CalibrateConfig
-from stages.twin.intervals import interval, resample
+from stages.twin.intervals import Optimum, interval, polish, resample
 from stages.twin.replay import Replayer, windows
 from stages.twin.search import FITTED, JointSearch, Search, fit_global, fit_joints, max_effort
 from stages.twin.twin_files import plot_replay, write_mjcf
@@ -52,7 +53,7 @@ def misfit(replayer: Replayer, fitted: PhysicalParams, ratio: float, seed: int) 
     task, win, sigma = replayer.task, replayer.win, fitted.obs_noise
     m, joints = task.model, replayer.joints
     noisy = win.start.copy()
-    noisy[:, 1 : 1 + m.nq + m.nv] += np.random.default_rng(seed).normal(0, sigma, (len(noisy), m.nq + m.nv))
+    noisy[:, 1 : 1 + m.nq + m.nv] += np.random.default_rng(seed).normal(0, sigma * win.start_noise, (len(noisy), m.nq + m.nv))
     clean, perturbed = replayer.replay([fitted]), replayer.replay([fitted], noisy)
     floor = np.sqrt(((perturbed - clean)[..., joints] ** 2).mean(axis=(0, 1, 2)) + sigma**2)
     error = np.sqrt(((clean - win.target)[..., joints] ** 2).mean(axis=(0, 1, 2)))
@@ -82,28 +83,16 @@ def sensitivity(replayer: Replayer, fitted: PhysicalParams, error: float) -> dic
 
 
 def noise_estimate(replayer: Replayer, fitted: PhysicalParams) -> float:
-    """Sensor noise std from the one-step replay residual (start and target noise: var ≈ 2σ²)."""
+    """Sensor noise std from the one-step replay residual (target noise σ², start noise (gσ)² with g the smoothing's
+    ``Windows.start_noise``: var ≈ (1 + g²)σ²)."""
     first = (replayer.replay([fitted])[0, :, 0] - replayer.win.target[:, 0])[:, replayer.joints]
-    return float(np.sqrt((first**2).mean() / 2))
+    return float(np.sqrt((first**2).mean() / (1 + replayer.win.start_noise**2)))
 
 
-def bootstrap_intervals(replayer: Replayer, search: Search, joint_search: JointSearch | None,
-                        global_fit: PhysicalParams, fitted: PhysicalParams, unidentified: tuple[str, ...],
-                        cfg: CalibrateConfig, noise: float) -> dict[str, tuple[float, float]]:
-    """95% bootstrap intervals (``stages.twin.intervals``) of the global fit's parameters (an unidentified one:
-    its whole search range) and, given ``joint_search``, of the per-joint values, on the same episode resamples."""
-    resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
-    latency = global_fit.latency_steps
-    free = np.array([name not in unidentified for name in FITTED])
-    box = interval(lambda xs: replayer.residuals([search.params(x, latency) for x in xs]), search.point(global_fit),
-                   search.bounds, free, resamples, np.zeros(len(FITTED)))
-    intervals = search.named(box)
-    if joint_search is not None:
-        box = interval(lambda xs: replayer.residuals([joint_search.params(x) for x in xs]), joint_search.point(fitted),
-                       joint_search.bounds, np.ones(len(joint_search.bounds), bool), resamples,
-                       joint_search.prior_weights(replayer, cfg, noise))
-        intervals |= joint_search.named(box)
-    return intervals
+def least_squares(replayer: Replayer, params_of: Callable[[np.ndarray], PhysicalParams], x: np.ndarray,
+                  bounds: np.ndarray, free: np.ndarray, prior: np.ndarray) -> Optimum:
+    """The least-squares optimum near the CMA-ES point ``x`` (``intervals.polish``): the twin's point estimate."""
+    return polish(lambda xs: replayer.residuals([params_of(v) for v in xs]), x, bounds, free, prior)
 
 
 def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec:
@@ -121,12 +110,21 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     sens = sensitivity(replayer, fitted, after)
     unidentified = tuple(name for name in FITTED if sens[name] < cfg.min_sensitivity)
     fitted = fitted.model_copy(update={name: getattr(prior, name) for name in unidentified})
-    global_fit, noise = fitted, noise_estimate(replayer, fitted)
-    joint_search = JointSearch(task, fitted, cfg.groups)
+    free = np.array([name not in unidentified for name in FITTED])
+    global_of = lambda x: search.params(x, latency)  # noqa: E731
+    global_opt = least_squares(replayer, global_of, search.point(fitted), search.bounds, free, np.zeros(len(FITTED)))
+    global_fit = fitted = global_of(global_opt.x)
+    noise = noise_estimate(replayer, global_fit)
+    joint_search = JointSearch(task, global_fit, cfg.groups)
+    resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
+    intervals = search.named(interval(global_opt, search.bounds, free, resamples, np.zeros(len(FITTED))))
     if cfg.joint_generations:
-        fitted = fit_joints(replayer, joint_search, cfg, noise)
-    intervals = bootstrap_intervals(replayer, search, joint_search if cfg.joint_generations else None,
-                                    global_fit, fitted, unidentified, cfg, noise)
+        joint_prior, every = joint_search.prior_weights(replayer, cfg, noise), np.ones(len(joint_search.bounds), bool)
+        joint_opt = least_squares(replayer, joint_search.params,
+                                  joint_search.point(fit_joints(replayer, joint_search, cfg, noise)),
+                                  joint_search.bounds, every, joint_prior)
+        fitted = joint_search.params(joint_opt.x)
+        intervals |= joint_search.named(interval(joint_opt, joint_search.bounds, every, resamples, joint_prior))
     fitted = fitted.model_copy(update={"obs_noise": noise_estimate(replayer, fitted)})
     before, global_after, after = replayer.errors([prior, global_fit, fitted]).tolist()
     leftover = misfit(replayer, fitted, cfg.misfit_ratio, cfg.seed)

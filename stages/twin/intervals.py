@@ -2,12 +2,12 @@
 
 The logs' episodes are resampled with replacement: a resample weights each replay window by how often its episode
 was drawn, and is refitted by a Gauss-Newton step on its own weighted replay error (plus the fit's Gaussian prior,
-if any) from the least-squares optimum: the point estimate polished by a few Gauss-Newton steps on all the data. The
+if any) from the least-squares optimum: the point estimate polished by Levenberg-Marquardt on all the data. The
 residuals' Jacobian is taken by central differences in the search space, 2·d + 1 replays of the windows in one
 batched ``mujoco.rollout`` call per step, and the last one serves all resamples. Resampling whole
 episodes keeps the correlation of the replay error within an episode, so the spread holds when the model is wrong; a
 weakly identified parameter leaves the error flat, its refits step far and its interval reaches the search bounds.
-The 2.5 and 97.5 percentiles of the refits, widened to contain the point estimate, are the interval.
+The 2.5 and 97.5 percentiles of the refits are the interval.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ Z = 1.959964
 """The standard normal's 97.5% quantile."""
 STEP = 0.02
 """Central-difference step in search units (2% on a log-scale)."""
-POLISH = 3
-"""Gauss-Newton steps on all the data before the bootstrap: CMA-ES's mean may stop short of the optimum."""
+POLISH = 8
+"""Levenberg-Marquardt trial steps on all the data before the bootstrap: CMA-ES's mean may stop short of the optimum."""
+DAMPING = 1e-3
+"""Levenberg-Marquardt's first damping: steps nearly Gauss-Newton, shortened tenfold after each rejected one."""
 MIN_EPISODES = 10
 """With fewer episodes than this, windows are resampled instead of episodes."""
 
@@ -70,12 +72,14 @@ def jacobian(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.n
 
 
 def steps(r0: np.ndarray, jac: np.ndarray, x: np.ndarray, free: np.ndarray, weights: np.ndarray,
-          prior: np.ndarray) -> np.ndarray:
+          prior: np.ndarray, damping: float = 0.0) -> np.ndarray:
     """(B, k) Gauss-Newton steps of the free coordinates from ``x``, one per weighting of the windows, on the weighted
-    mean squared residual plus ``prior`` · x² per coordinate (its weight; 0: none). NaN where singular."""
+    mean squared residual plus ``prior`` · x² per coordinate (its weight; 0: none); ``damping`` > 0 makes them
+    Levenberg-Marquardt steps (the normal matrix's diagonal scaled by 1 + damping). NaN where singular."""
     norm = weights.sum(axis=1) * r0.shape[1]
     p = prior[free]
     a = np.einsum("bw,wij->bij", weights, np.einsum("iwm,jwm->wij", jac, jac)) / norm[:, None, None] + np.diag(p)
+    a = a + damping * a * np.eye(a.shape[-1])
     g = np.einsum("bw,wi->bi", weights, np.einsum("iwm,wm->wi", jac, r0)) / norm[:, None] + p * x[free]
     try:
         return np.linalg.solve(a, -g[..., None])[..., 0]
@@ -83,36 +87,51 @@ def steps(r0: np.ndarray, jac: np.ndarray, x: np.ndarray, free: np.ndarray, weig
         return np.full_like(g, np.nan)
 
 
-def polish(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.ndarray,
-           prior: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gauss-Newton on all windows from ``x`` while it lowers the objective (at most ``POLISH`` steps): the optimum
-    near ``x``, with the residuals and Jacobian there."""
-    best: tuple[float, np.ndarray, np.ndarray, np.ndarray] | None = None
-    for _ in range(POLISH + 1):
-        r0, jac = jacobian(residuals, x, bounds, free)
-        score = float((r0**2).mean() + prior @ x**2)
-        if best is not None and score >= best[0]:
-            break
-        best = (score, x, r0, jac)
-        step = steps(r0, jac, x, free, np.ones((1, len(r0))), prior)[0]
+@dataclass(frozen=True)
+class Optimum:
+    """The least-squares optimum in search units, with the replay residuals (W, m) and their Jacobian (k, W, m) there."""
+
+    x: np.ndarray
+    residuals: np.ndarray
+    jacobian: np.ndarray
+
+
+def polish(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.ndarray, prior: np.ndarray) -> Optimum:
+    """Levenberg-Marquardt on all windows from ``x`` (at most ``POLISH`` trial steps, each one replay; a Jacobian
+    where a step is taken): the least-squares optimum near ``x``, the twin's point estimate and the centre of its
+    bootstrap. CMA-ES's mean stops short of it along valleys, such as a joint's damping against its friction."""
+    objective = lambda r, v: float((r**2).mean() + prior @ v**2)  # noqa: E731
+    r0, jac = jacobian(residuals, x, bounds, free)
+    score, damping = objective(r0, x), DAMPING
+    for _ in range(POLISH):
+        step = steps(r0, jac, x, free, np.ones((1, len(r0))), prior, damping)[0]
         if not np.isfinite(step).all():
             break
-        x = x.copy()
-        x[free] = np.clip(x[free] + step, *bounds[free].T)
-    return best[1:]
+        trial = x.copy()
+        trial[free] = np.clip(x[free] + step, *bounds[free].T)
+        trial_score = objective(residuals([trial])[0], trial)
+        if trial_score < score:
+            x, score, damping = trial, trial_score, damping / 10
+            r0, jac = jacobian(residuals, x, bounds, free)
+        else:
+            damping *= 10
+    return Optimum(x, r0, jac)
 
 
-def interval(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.ndarray, resamples: Resamples,
+def interval(optimum: Optimum, bounds: np.ndarray, free: np.ndarray, resamples: Resamples,
              prior: np.ndarray) -> np.ndarray:
-    """(d, 2) 95% bootstrap interval per coordinate of ``x`` in search units: percentiles of the resamples' refits
-    (a Gauss-Newton step each from the polished optimum), their distances from it widened for few groups
-    (``Resamples.widening``), then to contain ``x``, and cut at the bounds. A coordinate that is not free, or whose
-    refits are not all finite, gets the whole search range."""
+    """(d, 2) 95% bootstrap interval per coordinate in search units around ``optimum`` (from ``polish``): percentiles
+    of the resamples' refits (a Gauss-Newton step each from the optimum, less the step all the data takes from
+    there: on a rough replay error the polish stops short of stationary, and uncorrected refits would all fall on
+    one side), widened for few groups (``Resamples.widening``), then to contain the optimum, and cut at the bounds.
+    A coordinate that is not free, or whose refits are not all finite, gets the whole search range."""
     out = bounds.astype(np.float64).copy()
     if not free.any():
         return out
-    centre, r0, jac = polish(residuals, x, bounds, free, prior)
-    fits = centre[free] + resamples.widening() * steps(r0, jac, centre, free, resamples.weights, prior)
+    x = optimum.x
+    every = np.ones_like(resamples.weights[0])
+    refits = steps(optimum.residuals, optimum.jacobian, x, free, np.vstack([every, resamples.weights]), prior)
+    fits = x[free] + resamples.widening() * (refits[1:] - refits[0])
     lo, hi = np.percentile(fits, PERCENTILES, axis=0)
     finite = np.isfinite(fits).all(axis=0)
     index = np.flatnonzero(free)[finite]

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 from mujoco import rollout
 from pydantic import BaseModel, ConfigDict
+from scipy.signal import savgol_coeffs, savgol_filter
 
 from stages import logs
 from stages.artifacts import Dataset
@@ -21,17 +22,46 @@ from stages.twin.calibration_config import CalibrateConfig
 
 class Windows(BaseModel):
     """Replay windows: start states (W, nstate), controls per latency (L+1, W, T*decimation, nu), targets (W, T, nq),
-    and the episode each was cut from (W,), numbered in dataset order."""
+    the episode each was cut from (W,), numbered in dataset order, and the std of the start states' noise as a
+    fraction of the logs' (smoothing lowers it)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
     start: np.ndarray
     control: np.ndarray
     target: np.ndarray
     episode: np.ndarray
+    start_noise: float = 1.0
+
+
+SMOOTHING_ORDER = 2
+
+
+def smoothed(values: np.ndarray, boundaries: np.ndarray, window: int) -> np.ndarray:
+    """``values`` (steps, k) through a quadratic Savitzky-Golay filter of ``window`` samples, episode by episode (an
+    episode shorter than the window is left raw).
+
+    Why: a replay starts from a logged, noisy state, and least squares is biased by noise on its inputs. On the
+    contact-rich quadruped (σ = 0.002) a 2 mm error in body height changes the foot contacts, and the raw starts moved
+    the fit's gain +2.5%, payload +6.4% and friction 4.7× from the truth, which noise-free logs recover within 0.5%;
+    starts smoothed over 5 samples bring them to +0.4%, +0.1% and 1.4×, inside their intervals."""
+    if window == 1:
+        return values
+    out = values.copy()
+    for b, e in zip(boundaries[:-1], boundaries[1:]):
+        if e - b >= window:
+            out[b:e] = savgol_filter(values[b:e], window, SMOOTHING_ORDER, axis=0)
+    return out
+
+
+def smoothing_noise(window: int) -> float:
+    """The std of white noise after the filter, as a fraction of before: the root sum of squares of its
+    centre coefficients."""
+    return 1.0 if window == 1 else float(np.sqrt((savgol_coeffs(window, SMOOTHING_ORDER) ** 2).sum()))
 
 
 def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
-    """Cut every file of the dataset into replay windows (sampled without replacement, seeded)."""
+    """Cut every file of the dataset into replay windows (sampled without replacement, seeded), starting from the logged
+    states smoothed over ``cfg.start_smoothing`` samples (``smoothed``); the targets stay as logged."""
     table = pa.concat_tables([logs.read(p) for p in dataset_files(dataset)])
     qpos, qvel, ctrl = (logs.columns(table, p) for p in ("qpos", "qvel", "ctrl"))
     episode = table.column("episode").to_numpy()
@@ -44,12 +74,13 @@ def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
     starts = np.sort(rng.choice(starts, size=min(cfg.max_windows, len(starts)), replace=False))
     m = task.model
     start = np.zeros((len(starts), mujoco.mj_stateSize(m, STATE_SPEC)))
-    start[:, 1 : 1 + m.nq] = qpos[starts]
-    start[:, 1 + m.nq : 1 + m.nq + m.nv] = qvel[starts]
+    start[:, 1 : 1 + m.nq] = smoothed(qpos, boundaries, cfg.start_smoothing)[starts]
+    start[:, 1 + m.nq : 1 + m.nq + m.nv] = smoothed(qvel, boundaries, cfg.start_smoothing)[starts]
     steps = starts[:, None] + np.arange(cfg.window)
     control = np.stack([np.repeat(ctrl[steps - lag], task.decimation, axis=1) for lag in range(cfg.max_latency + 1)])
     return Windows(start=start, control=control.astype(np.float64), target=qpos[steps + 1],
-                   episode=np.searchsorted(boundaries, starts, side="right") - 1)
+                   episode=np.searchsorted(boundaries, starts, side="right") - 1,
+                   start_noise=smoothing_noise(cfg.start_smoothing))
 
 
 class Replayer:
