@@ -4,14 +4,17 @@ in one line; a wall-clock training budget."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from flows.params import SimToEdgeParams, TrainSettings
 from flows.run_config import RunConfigError, resolve
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.train import TrainConfig, train
+from stages.twin.stats import wilson
 from tests.conftest import run_cli
 
 
@@ -79,8 +82,43 @@ def test_train_settings_reach_the_training_config():
     assert set(TrainSettings.model_fields) <= set(TrainConfig.model_fields)
 
 
-def test_the_example_configuration_resolves():
-    from pathlib import Path
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+NOT_RUN_CONFIGS = {"rosbag_mapping.yaml"}  # a topic mapping for `sim2edge collect --source rosbag`
 
-    p = resolve(None, Path(__file__).resolve().parents[1] / "examples" / "run.yaml", [], {})
+
+def leaves(data: dict, prefix: tuple = ()) -> list[tuple[tuple, object]]:
+    """Every (key path, value) of a nested mapping."""
+    out = []
+    for k, v in data.items():
+        out += leaves(v, prefix + (k,)) if isinstance(v, dict) else [(prefix + (k,), v)]
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(p for p in EXAMPLES.glob("*.yaml") if p.name not in NOT_RUN_CONFIGS),
+                         ids=lambda p: p.name)
+def test_each_example_run_configuration_resolves_through_the_loader(path):
+    text = path.read_text()
+    assert f"sim2edge run --config examples/{path.name}" in text.splitlines()[0]  # it says its own command
+    p = resolve(None, path, [], {})
+    data = yaml.safe_load(text)
+    assert p.task == data["task"] and load(p.task).name == data["task"]
+    resolved = p.model_dump()
+    for keys, value in leaves(data):  # every key the file sets reaches the parameters unchanged
+        got = resolved
+        for k in keys:
+            got = got[k]
+        assert got == (tuple(value) if isinstance(value, list) else value), keys
+
+
+def test_the_example_run_configurations_carry_what_made_each_task_learn():
+    assert {p.name for p in EXAMPLES.glob("*.yaml")} >= {"run.yaml", "arm6.yaml", "quadruped.yaml"}
+    p = resolve(None, EXAMPLES / "run.yaml", [], {})
     assert p.task == "cartpole" and p.iterations == 120 and p.train.hidden_dims == (64, 64)
+    arm6 = resolve(None, EXAMPLES / "arm6.yaml", [], {})
+    assert (arm6.iterations, arm6.num_envs, arm6.train.hidden_dims) == (1500, 128, (128, 128))
+    assert arm6.eval_episodes == 64  # the nominal floor is the issue's 90%: 58/64 (91%) passes it, 57/64 (89%) not
+    assert wilson(57, 64)[0] < arm6.gate.min_success_rate <= wilson(58, 64)[0]
+    quad = resolve(None, EXAMPLES / "quadruped.yaml", ["train.minutes=20"], {})
+    assert quad.train.minutes == 20 and quad.train.hidden_dims == (256, 128, 64) and quad.num_envs == 256
+    assert quad.eval_episodes == 64  # a fall fails an episode: 3/64 falls (4.7%) pass the nominal floor, 4/64 not
+    assert wilson(60, 64)[0] < quad.gate.min_success_rate <= wilson(61, 64)[0]
