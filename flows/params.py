@@ -52,6 +52,7 @@ class CalibrateSettings(BaseModel):
     joint_generations: int = calibration_field("joint_generations")
     groups: dict[str, tuple[str, ...]] = calibration_field("groups")
     bootstrap: int = calibration_field("bootstrap")
+    start_smoothing: Optional[int] = calibration_field("start_smoothing")
 
 
 class PublishSettings(BaseModel):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from stages import standin
@@ -51,11 +53,10 @@ def test_arm6_calibration_recovers_every_hidden_parameter(tmp_path):
 
 @pytest.fixture(scope="module")  # about 170 s on 2 cores: the quadruped's tests run with `make test-slow`
 def quadruped_twin(tmp_path_factory):
-    """Replays start from states smoothed over 5 samples: from raw ones, the 2 mm noise in body height moves the foot
-    contacts and biases gain, payload and friction beyond their intervals (``stages.twin.replay.smoothed``)."""
+    """Replays start from states smoothed over 5 samples (the quadruped's ``start_smoothing``): from raw ones, the
+    2 mm noise in body height moves the foot contacts and biases gain, payload and friction beyond their intervals."""
     return calibrated_standin("quadruped", 8, CalibrateConfig(max_windows=64, generations=30, search_generations=6,
-                                                              max_latency=1, start_smoothing=5),
-                              tmp_path_factory.mktemp("quadruped"))
+                                                              max_latency=1), tmp_path_factory.mktemp("quadruped"))
 
 
 @pytest.mark.slow
@@ -67,6 +68,7 @@ def test_quadruped_calibration_recovers_gain_damping_and_payload(quadruped_twin)
     # payload 1.233 against 1.15 (prior 1.0): 1.8× closer; contacts blur mass more than the servos' gain and damping
     assert_closer_than_the_prior(twin, truth, ("damping", "actuator_gain", "mass"), factor=1.5)
     assert twin.replay_error_after * 10 < twin.replay_error_before
+    assert json.loads(twin.path.read_text())["start_smoothing"] == 5
 
 
 @pytest.mark.slow

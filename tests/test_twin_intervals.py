@@ -50,7 +50,8 @@ def test_intervals_are_written_and_read_back(tmp_path):
     assert set(twin.intervals) == set(FITTED)
     for name, (lo, hi) in twin.intervals.items():
         assert lo <= getattr(twin.params, name) <= hi, name
-    assert json.loads(twin.path.read_text())["intervals"] == {k: list(v) for k, v in twin.intervals.items()}
+    spec = json.loads(twin.path.read_text())
+    assert spec["intervals"] == {k: list(v) for k, v in twin.intervals.items()} and spec["start_smoothing"] == 1
     assert twin_from_file(twin.path, "cartpole").intervals == twin.intervals
 
 

@@ -56,6 +56,7 @@ class Quadruped(Task):
     """Success = the episode ran to its end without a fall."""
     mass_bodies: tuple[str, ...] = ("torso",)
     replayed_joints: tuple[str, ...] = JOINTS
+    start_smoothing: int = 5
     commands: tuple[Command, ...] = (Command("command_vx", "m/s", -1.0, 1.0), Command("command_vy", "m/s", -0.6, 0.6),
                                      Command("command_yaw_rate", "rad/s", -1.0, 1.0))
     """One velocity command per episode, uniform in these ranges."""

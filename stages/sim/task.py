@@ -72,6 +72,10 @@ class Task:
 
     replayed_joints: tuple[str, ...] = ()
     """Joints whose positions calibration compares with the logs (the robot's own); empty = every joint."""
+    start_smoothing: int = 1
+    """Calibration's default Savitzky-Golay window over the logged states a replay starts from (1: raw). Contact-rich
+    robots want 5: sensor noise in body height moves their contacts and biases the fit (``stages.twin.replay``);
+    fast joints want 1: a quadratic over 5 samples misses their velocity changes."""
     action_history: bool = False
     """``observe(qpos, qvel, last_action)`` gets the policy action just applied and ``reward(qpos, qvel, action,
     last_action)`` the one before it (zeros after a reset); the environment keeps them."""

@@ -1,18 +1,19 @@
 """Calibrate: fit the twin's physical parameters and actuation latency to logged trajectories.
 
-Short windows of the logs are replayed from their logged start states with the logged
-commanded controls, shifted by a candidate latency and held per control step. CMA-ES (the
+Short windows of the logs are replayed from their logged start states (smoothed for contact-rich robots, whose
+contacts the sensor noise would move: ``replay.smoothed``) with the logged commanded controls, shifted by a candidate latency and held per control step. CMA-ES (the
 ``cmaes`` package) minimises the RMS error between replayed and logged joint positions over
 log-scales of the scale parameters and a normalized friction; a whole generation (population × windows) replays in one
 ``mujoco.rollout`` call. Integer latency is searched: a short fit per candidate, then the
 best one is fitted to the end. Afterwards each parameter's sensitivity (how much a 10%
 change raises the replay error) is measured; a parameter the data cannot pin down is
-flagged unidentifiable and held at its prior instead of being silently fitted.
+flagged unidentifiable and held at its prior instead of being silently fitted. Levenberg-Marquardt then takes the
+CMA-ES mean to the least-squares optimum, which is the estimate.
 
 The global fit is then the prior of a per-joint one: CMA-ES fits, per actuated joint (or per ``groups``
 entry: joints that share hardware), log-multipliers on damping and on the gain of the actuators driving
 it, with a Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit,
-and its friction. Last, the leftover replay error is compared with
+and its friction, again polished to the optimum. Last, the leftover replay error is compared with
 the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
 misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
 episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range. Beside ``twin.json`` the
@@ -152,6 +153,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         "misfit": leftover.model_dump(),
         "windows": len(replayer.win.start),
         "window_steps": cfg.window,
+        "start_smoothing": cfg.start_smoothing or task.start_smoothing,
     }
     profiles = {standin.profile_of(r) for r in robots}
     truth = standin.hidden_params(task.name, profiles.pop()) if len(profiles) == 1 and None not in profiles else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
@@ -22,14 +24,15 @@ class CalibrateConfig(BaseModel):
     misfit_ratio: float = Field(2.0, gt=1, description="Replay error over the noise floor above which the twin "
                                                        "reports a misfit.")
     bootstrap: int = Field(400, ge=20, description="Episode resamples of the bootstrap intervals.")
-    start_smoothing: int = Field(1, ge=1, description="Window (samples, odd) of the quadratic Savitzky-Golay filter "
-                                                      "over the logged joint states a replay starts from; 1: raw.")
+    start_smoothing: Optional[int] = Field(None, ge=1, description="Window (samples, odd) of the quadratic "
+                                           "Savitzky-Golay filter over the logged joint states a replay starts from; "
+                                           "1: raw; default: the task's (`start_smoothing`: 5 for the quadruped).")
     seed: int = 0
     nthread: int = 2
 
     @field_validator("start_smoothing")
     @classmethod
-    def _odd(cls, v: int) -> int:
-        if v % 2 == 0 or v == 3:
+    def _odd(cls, v: Optional[int]) -> Optional[int]:
+        if v is not None and (v % 2 == 0 or v == 3):
             raise ValueError(f"start_smoothing must be 1 or an odd window of at least 5 samples, not {v}")
         return v

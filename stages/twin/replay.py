@@ -61,7 +61,7 @@ def smoothing_noise(window: int) -> float:
 
 def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
     """Cut every file of the dataset into replay windows (sampled without replacement, seeded), starting from the logged
-    states smoothed over ``cfg.start_smoothing`` samples (``smoothed``); the targets stay as logged."""
+    states smoothed over ``cfg.start_smoothing`` (default: the task's) samples (``smoothed``); the targets stay as logged."""
     table = pa.concat_tables([logs.read(p) for p in dataset_files(dataset)])
     qpos, qvel, ctrl = (logs.columns(table, p) for p in ("qpos", "qvel", "ctrl"))
     episode = table.column("episode").to_numpy()
@@ -74,13 +74,14 @@ def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
     starts = np.sort(rng.choice(starts, size=min(cfg.max_windows, len(starts)), replace=False))
     m = task.model
     start = np.zeros((len(starts), mujoco.mj_stateSize(m, STATE_SPEC)))
-    start[:, 1 : 1 + m.nq] = smoothed(qpos, boundaries, cfg.start_smoothing)[starts]
-    start[:, 1 + m.nq : 1 + m.nq + m.nv] = smoothed(qvel, boundaries, cfg.start_smoothing)[starts]
+    smoothing = cfg.start_smoothing or task.start_smoothing
+    start[:, 1 : 1 + m.nq] = smoothed(qpos, boundaries, smoothing)[starts]
+    start[:, 1 + m.nq : 1 + m.nq + m.nv] = smoothed(qvel, boundaries, smoothing)[starts]
     steps = starts[:, None] + np.arange(cfg.window)
     control = np.stack([np.repeat(ctrl[steps - lag], task.decimation, axis=1) for lag in range(cfg.max_latency + 1)])
     return Windows(start=start, control=control.astype(np.float64), target=qpos[steps + 1],
                    episode=np.searchsorted(boundaries, starts, side="right") - 1,
-                   start_noise=smoothing_noise(cfg.start_smoothing))
+                   start_noise=smoothing_noise(smoothing))
 
 
 class Replayer:
