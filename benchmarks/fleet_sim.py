@@ -86,9 +86,17 @@ def make_device(spec: dict, device: str, labels: Dict[str, str]) -> SimDevice:
                                         f"pw-{device}", labels, lambda: device_state(store, trusted, device))
     checks: Dict[str, int] = spec.setdefault("_checks", {})
 
+    registry = spec.get("registry")  # MLflow mode: `watch --registry URL <policy>@champion --no-report`
+
     def poll() -> None:
         try:
-            pull(spec["policy"], url, root, trusted, True, options, source)
+            if registry:
+                from edge.pull import _repair
+
+                _repair(root, registry, trusted, options)  # watch does this before each MLflow poll
+                pull(f"{spec['policy']}@champion", registry, root, trusted, True, options)
+            else:
+                pull(spec["policy"], url, root, trusted, True, options, source)
         except CheckFailed as e:  # watch: said on stderr, the loop goes on
             checks[e.check] = checks.get(e.check, 0) + 1
         reporter.report()
@@ -200,12 +208,16 @@ class SimFleet:
                 "jitter": self.jitter, "failing_hw": self.failing_hw, "backoff_s": self.interval_s,
                 "timeout_s": 10.0, "seed": n, "stats": str(self.work / f"stats-{n}.json"), "stats_s": 2.0}
 
-    def seed_stores(self) -> None:
-        """One real pull of v1 (latest.tar) into a template store, copied to every device's store: every device
-        starts on v1 with the repository's metadata trusted, as after its first `watch` poll."""
+    def seed_stores(self, registry: str = "") -> None:
+        """One real pull of v1 (latest.tar; with ``registry``: ``<policy>@champion`` from MLflow) into a template
+        store, copied to every device's store: every device starts on v1, as after its first `watch` poll."""
         template = self.work / "template"
+        shutil.rmtree(template, ignore_errors=True)
         spec = self.spec(0, [])
         spec["stores"] = str(template.parent)
+        spec["fleet"] = "seed"  # its report is retained; in the fleet's topic it would be a device that never moves
+        if registry:
+            spec["registry"] = registry
         make_device(spec, template.name, {"hw": "b"}).poll()
         from edge.store import DeviceStore
 
@@ -214,16 +226,22 @@ class SimFleet:
             raise RuntimeError(f"the template device did not install v1: {DeviceStore(template).history()[-1:]}")
         (template / "mqtt-report.json").unlink(missing_ok=True)
         stores = self.work / "stores"
-        stores.mkdir(exist_ok=True)
+        shutil.rmtree(stores, ignore_errors=True)
+        stores.mkdir()
         for d in self.ids:
             shutil.copytree(template, stores / d, symlinks=True)
 
-    def start_workers(self) -> None:
+    def start_workers(self, registry: str = "") -> None:
+        """The worker processes, polling the TUF repository (or, with ``registry``, the MLflow server)."""
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
         for n in range(self.workers_n):
             mine = [[d, self.labels[d]] for d in self.ids[n::self.workers_n]]
             path = self.work / f"worker-{n}.json"
-            path.write_text(json.dumps(self.spec(n, mine)))
+            spec = self.spec(n, mine)
+            if registry:
+                spec["registry"] = registry
+            (self.work / f"stats-{n}.json").unlink(missing_ok=True)
+            path.write_text(json.dumps(spec))
             log = open(self.work / f"worker-{n}.log", "wb")
             self.procs.append(subprocess.Popen([sys.executable, __file__, "worker", str(path)], env=env,
                                                stdout=log, stderr=subprocess.STDOUT))
@@ -235,9 +253,7 @@ class SimFleet:
         self.start_workers()
         return self
 
-    def stop(self) -> None:
-        from tests.servers import stop_nginx
-
+    def stop_workers(self) -> None:
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
@@ -246,6 +262,12 @@ class SimFleet:
                 p.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 p.kill()
+        self.procs = []
+
+    def stop(self) -> None:
+        from tests.servers import stop_nginx
+
+        self.stop_workers()
         if self.broker is not None and self.broker.poll() is None:
             self.stop_broker()
         if self.nginx is not None:
@@ -330,6 +352,28 @@ class SimFleet:
             if times:
                 got[d] = min(times)
         return got
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its living descendants, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: Dict[int, List[int]] = {}
+    stats: Dict[int, List[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        if p in stats:
+            total += (int(stats[p][11]) + int(stats[p][12])) / tick
+        todo.extend(children.get(p, []))
+    return total
 
 
 # --------------------------------------------------------------------------------------------------- the rollout
