@@ -188,6 +188,16 @@ class SimFleet:
                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wait_listening(self.broker, self.mqtt_port)
 
+    def stop_repository(self) -> None:
+        from tests.servers import stop_nginx
+
+        stop_nginx(self.web, self.nginx)
+
+    def restart_repository(self) -> None:
+        from tests.servers import start_nginx
+
+        self.nginx = start_nginx(self.web, self.http_port)
+
     def publish_bundles(self) -> None:
         """v1 and v2 pass their gate, v3 records a failed one; v1 is latest.tar, v2 and v3 reach devices only
         through a rollout (published without moving latest.tar, as `sim2edge rollout start` does)."""

@@ -60,3 +60,41 @@ def test_a_version_one_hardware_revision_refuses_halts_in_the_canary_ring(fleet)
     for d in installed:  # each went back by the plan, through the real pull (journaled activation of v1)
         events = [e for e in (fleet.work / "stores" / d / "journal.jsonl").read_text().splitlines() if '"activate"' in e]
         assert '"version": "1"' in events[-1], (d, events[-2:])
+
+
+def test_the_broker_and_the_repository_going_down_mid_rollout_pause_it_and_it_resumes(fleet):
+    """Scenario 3: mosquitto stops while the canary rolls (no judgement, the rollout stands still, devices keep
+    their policy), comes back; then nginx stops while ring all rolls (devices keep theirs and back off), comes back;
+    the rollout ends done with every device on v2."""
+    from flows.rollout import load_state
+
+    outage, seen = {}, []
+
+    def between(elapsed: float) -> None:
+        state = load_state(fleet.work / "rollouts", fleet.policy)
+        where = (state.status, state.ring, state.rings[state.ring].status)
+        versions = set(fleet.current_versions().values())
+        assert versions <= {"1", "2"}, versions  # no device without a policy, nothing else installed
+        if "broker" not in outage:
+            fleet.stop_broker()
+            outage["broker"] = (time.monotonic(), where)
+        elif "broker_back" not in outage:
+            seen.append(where)
+            if time.monotonic() - outage["broker"][0] > 8:
+                fleet.restart_broker()
+                outage["broker_back"] = time.monotonic()
+        elif "repo" not in outage and state.rings[-1].status == "rolling":
+            fleet.stop_repository()
+            outage["repo"] = time.monotonic()
+        elif "repo" in outage and "repo_back" not in outage and time.monotonic() - outage["repo"] > 8:
+            fleet.restart_repository()
+            outage["repo_back"] = time.monotonic()
+
+    r = run_rollout(fleet, "2", "1", RINGS, min_devices=3, soak_s=3, poll_s=1, max_s=240, between=between)
+    assert {"broker", "broker_back", "repo", "repo_back"} <= set(outage), (outage, r["timeline"])
+    assert r["unjudged_polls"] >= 5, r["unjudged_polls"]  # each poll while the broker was down judged nothing
+    assert seen and set(seen) == {outage["broker"][1]}, (outage["broker"][1], seen)  # the rollout stood still
+    assert r["state"].status == "done", (r["state"].status, r["state"].reason, r["timeline"])
+    assert fleet.stats()["checks"].get("tuf", 0) + fleet.stats()["checks"].get("backoff", 0) > 0
+    fleet.wait_reported("2", 60)
+    assert set(fleet.current_versions().values()) == {"2"}
