@@ -12,7 +12,8 @@ the halt time, devices that received v3 before the halt, devices outside the fai
 Run: .venv/bin/python benchmarks/fleet.py --devices 1000 [--workers 4 --interval 30]
 Then, side by side in the same run: the fleet polling the static repository (nginx) and the same fleet polling
 the MLflow server (``<policy>@champion``): requests/s and CPU seconds of each server per 1,000 devices.
-Not here yet: scenario 3 (broker or repository down mid-rollout)."""
+With ``--outages S``, scenario 3: a good version (v4) with the broker down S seconds while the canary rolls, then
+the repository down S seconds while ring all rolls."""
 
 from __future__ import annotations
 
@@ -106,6 +107,50 @@ def servers_side_by_side(fleet: SimFleet, seconds: float) -> dict:
     return out
 
 
+def outages(fleet: SimFleet, min_devices: int, soak: float, args) -> dict:
+    """Scenario 3: v4 (good, previous v2) with mosquitto stopped for ``args.outages`` s while the canary rolls and
+    nginx stopped as long while ring all rolls: whether the rollout stood still while the broker was down, whether
+    any device was left without a policy, and how long after each return the rollout moved on / ended."""
+    from flows.rollout import load_state
+
+    marks: dict = {"without_policy": 0, "during_broker_outage": set()}
+
+    def between(elapsed: float) -> None:
+        state = load_state(fleet.work / "rollouts", fleet.policy)
+        where = (state.status, state.ring, state.rings[state.ring].status)
+        marks["without_policy"] = max(marks["without_policy"],
+                                      sum(v is None for v in fleet.current_versions().values()))
+        now = time.monotonic()
+        if "broker_down" not in marks and state.rings[0].status == "rolling":
+            fleet.stop_broker()
+            marks["broker_down"], marks["at"] = now, where
+        elif "broker_down" in marks and "broker_back" not in marks:
+            marks["during_broker_outage"].add(where)
+            if now - marks["broker_down"] >= args.outages:
+                fleet.restart_broker()
+                marks["broker_back"] = now
+        elif "broker_back" in marks and "moved_after_broker_s" not in marks and where != marks["at"]:
+            marks["moved_after_broker_s"] = now - marks["broker_back"]
+        if "repo_down" not in marks and state.rings[-1].status == "rolling":
+            fleet.stop_repository()
+            marks["repo_down"] = now
+        elif "repo_down" in marks and "repo_back" not in marks and now - marks["repo_down"] >= args.outages:
+            fleet.restart_repository()
+            marks["repo_back"] = now
+
+    r = run_rollout(fleet, "4", "2", RINGS, min_devices=min_devices, soak_s=soak, poll_s=args.poll,
+                    max_s=30 * args.interval + 600, between=between)
+    end = time.monotonic()
+    checks = fleet.stats()["checks"]
+    return {"status": r["state"].status, "reason": r["state"].reason, "rollout_s": round(r["elapsed_s"], 1),
+            "unjudged_polls": r["unjudged_polls"],
+            "stood_still": marks["during_broker_outage"] <= {marks.get("at")},
+            "most_devices_without_policy": marks["without_policy"],
+            "moved_on_s_after_broker_back": round(marks.get("moved_after_broker_s", -1), 1),
+            "done_s_after_repository_back": round(end - marks["repo_back"], 1) if "repo_back" in marks else None,
+            "refusals_by_check": checks, "timeline": r["timeline"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--devices", type=int, default=1000)
@@ -116,6 +161,9 @@ def main() -> int:
     ap.add_argument("--min-devices", type=int, default=None, help="default: a quarter of the canary ring")
     ap.add_argument("--work", type=Path, help="working directory (default: a new one under /dev/shm)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
+    ap.add_argument("--outages", type=float, default=0, metavar="S",
+                    help="scenario 3: roll v4 out with the broker down S s while the canary rolls, then the repository "
+                         "down S s while ring all rolls (default: not run)")
     ap.add_argument("--no-mlflow", action="store_true", help="skip the static repository vs MLflow server comparison")
     args = ap.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="fleet-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
@@ -191,6 +239,11 @@ def main() -> int:
         print(f"scenario 2 (v3 refused by hw a): {json.dumps(figures['bad'])}", flush=True)
         ok = st.status == "halted" and not figures["bad"]["received_outside_canary"] and not on_v3
         figures["stats"] = fleet.stats()
+        if args.outages:
+            figures["outages"] = outages(fleet, min_devices, soak, args)
+            print(f"scenario 3 (broker, then repository down mid-rollout): {json.dumps(figures['outages'])}",
+                  flush=True)
+            ok = ok and figures["outages"]["status"] == "done" and figures["outages"]["stood_still"]
         if not args.no_mlflow:
             figures["servers"] = servers_side_by_side(fleet, max(30.0, args.interval))
     finally:

@@ -148,8 +148,8 @@ def worker(spec_path: Path) -> None:
 
 
 class SimFleet:
-    """Servers (nginx with the TUF repository, mosquitto), the bundles v1 (active everywhere at the start), v2
-    (good) and v3 (refused by hardware revision ``failing_hw``), the device stores, and the worker processes."""
+    """Servers (nginx with the TUF repository, mosquitto), the bundles v1 (active everywhere at the start), v2 and
+    v4 (good) and v3 (refused by hardware revision ``failing_hw``), the device stores, and the worker processes."""
 
     def __init__(self, work: Path, devices: int, workers: int, interval_s: float, jitter: float = 0.2,
                  failing_hw: str = "a", policy: str = "fleetsim", fleet: str = "sim") -> None:
@@ -199,13 +199,13 @@ class SimFleet:
         self.nginx = start_nginx(self.web, self.http_port)
 
     def publish_bundles(self) -> None:
-        """v1 and v2 pass their gate, v3 records a failed one; v1 is latest.tar, v2 and v3 reach devices only
+        """v1, v2 and v4 pass their gate, v3 records a failed one; v1 is latest.tar, the others reach devices only
         through a rollout (published without moving latest.tar, as `sim2edge rollout start` does)."""
         from registry.tuf_repo import PublishConfig, publish
         from tests.bundles import GATE_FAILED, GATE_PASSED, make_bundle, make_keys
 
         self.priv, self.pub = make_keys(self.work)
-        for v, gate in (("1", GATE_PASSED), ("2", GATE_PASSED), ("3", GATE_FAILED)):
+        for v, gate in (("1", GATE_PASSED), ("2", GATE_PASSED), ("3", GATE_FAILED), ("4", GATE_PASSED)):
             tar = self.work / f"{self.policy}-{v}.tar"
             make_bundle(tar, self.priv, version=v, name=self.policy, evaluation=gate)
             publish(PublishConfig(repo=self.repo, keys=self.keys, bundle=tar, policy=self.policy, version=v,
