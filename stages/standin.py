@@ -22,7 +22,8 @@ what the robot reveals of it:
 Besides these global-scale profiles, the ``per-joint`` profile makes every actuated joint differ: the
 reacher's is the case of issue 33 (damping ×1.6 and ×0.7, gain ×0.95 and ×0.75, friction 0.02 and
 0.06 N m); other tasks draw per-joint damping, gain and friction multipliers around their global
-profile (seeded by the task name, so the same every run). Its robot id is ``stand-in:<task>:per-joint``.
+profile, and per-body masses where they have several mass bodies (arm6's links), seeded by the task name, so the
+same every run. Its robot id is ``stand-in:<task>:per-joint``.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def hidden_params(task: str, profile: str = "global") -> PhysicalParams:
 
 
 def _drawn_per_joint(task: str, base: PhysicalParams) -> PhysicalParams:
-    """Per-joint shifts around ``base``: damping ×U(0.6, 1.6), gain ×U(0.75, 1.05), friction ``base`` ×U(0.5, 1.5)."""
+    """Per-joint shifts around ``base``: damping ×U(0.6, 1.6), gain ×U(0.75, 1.05), friction ``base`` ×U(0.5, 1.5),
+    and with several mass bodies each one's mass ×U(0.7, 1.3)."""
     from stages.sim.registry import load  # the registry imports the tasks, which import this module's users
 
     model = load(task).model
@@ -71,9 +73,11 @@ def _drawn_per_joint(task: str, base: PhysicalParams) -> PhysicalParams:
     joints = [str(model.joint(int(j)).name) for j in range(model.njnt) if model.jnt_dofadr[j] in dofs]
     rng = np.random.default_rng(zlib.crc32(task.encode()))
     draw = lambda names, low, high: {n: round(float(v), 3) for n, v in zip(names, rng.uniform(low, high, len(names)))}  # noqa: E731
+    bodies = load(task).mass_bodies
     return base.model_copy(update={"damping_by_joint": draw(joints, 0.6, 1.6),
                                    "gain_by_actuator": draw(actuator_names(model), 0.75, 1.05),
-                                   "friction_by_joint": draw(joints, 0.5 * base.friction, 1.5 * base.friction)})
+                                   "friction_by_joint": draw(joints, 0.5 * base.friction, 1.5 * base.friction),
+                                   "mass_by_body": draw(bodies, 0.7, 1.3) if len(bodies) > 1 else {}})
 
 
 def robot_id(task: str, profile: str = "global") -> str:

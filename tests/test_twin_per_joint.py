@@ -27,6 +27,16 @@ def test_per_joint_multipliers_apply_on_top_of_the_global_scales():
     assert m.dof_damping[:2].tolist() == [2.0, 6.0] and m.dof_damping[2:].tolist() == [0.0, 0.0]
     assert m.actuator_gainprm[:, 0].tolist() == [0.2, 0.5]
     assert m.dof_frictionloss.tolist() == [0.2, 0.1, 0.0, 0.0]
+    heavier = apply_params(copy.deepcopy(task.model), task.model, PhysicalParams(mass=2.0, mass_by_body={"body1": 1.5}),
+                           task.mass_mask)
+    body1 = task.model.body("body1").id
+    np.testing.assert_allclose(heavier.body_mass[body1], 3.0 * task.model.body_mass[body1])
+    np.testing.assert_allclose(heavier.body_inertia[body1], 3.0 * task.model.body_inertia[body1])
+    others = [b for b in range(task.model.nbody) if b != body1]
+    np.testing.assert_allclose(heavier.body_mass[others],
+                               task.model.body_mass[others] * np.where(task.mass_mask[others], 2.0, 1.0))
+    with pytest.raises(KeyError, match="no body named 'body9'"):
+        apply_params(copy.deepcopy(task.model), task.model, PhysicalParams(mass_by_body={"body9": 1.0}), task.mass_mask)
     with pytest.raises(KeyError, match="no joint named 'joint9'"):
         apply_params(copy.deepcopy(task.model), task.model, PhysicalParams(damping_by_joint={"joint9": 1.0}),
                      task.mass_mask)
@@ -109,3 +119,18 @@ def test_a_global_only_twin_names_its_misfit(per_joint_reacher, tmp_path, caplog
     assert twin.params.damping_by_joint == {} and twin.misfit.ratio > 10
     assert twin.misfit.worst_joints[0] == "joint1" and "misfit" in caplog.text and "joint1" in caplog.text
     assert json.loads(twin.path.read_text())["misfit"]["worst_joints"][0] == "joint1"
+
+
+def test_body_mass_multipliers_round_trip_through_the_search():
+    """``body_masses``: one log-multiplier per mass body after the joints' values, read back by ``point`` and named
+    ``mass_by_body.<body>``."""
+    task = load("arm6")
+    search = JointSearch(task, PhysicalParams(friction=0.4), {}, ("link1", "link2"))
+    x = search.start.copy()
+    x[-2:] = np.log([1.3, 0.8])
+    params = search.params(x)
+    assert params.mass_by_body == pytest.approx({"link1": 1.3, "link2": 0.8})
+    np.testing.assert_allclose(search.point(params), x)
+    named = search.named(np.stack([x - 0.1, x + 0.1], axis=1))
+    assert named["mass_by_body.link2"] == pytest.approx((0.8 * np.exp(-0.1), 0.8 * np.exp(0.1)))
+    assert len(search.bounds) == 3 * len(search.units) + 2

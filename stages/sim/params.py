@@ -12,7 +12,9 @@ unchanged, so it is a payload-like scale). ``friction`` is absolute: Coulomb fri
 Per element, optional values on top of those: multipliers ``damping_by_joint`` and ``armature_by_joint``
 (keyed by MJCF joint name) and ``gain_by_actuator`` (keyed by actuator name, or for an unnamed actuator the
 name of the joint it drives); ``friction_by_joint`` is absolute, like ``friction``, and replaces it on that
-joint. Empty (the default) means every element takes the global value.
+joint; ``mass_by_body`` multiplies a body's mass and inertia together (keyed by body name, on top of ``mass`` for the
+mass bodies): the same factor on both keeps the body's density uniform, so its inertia stays physically consistent.
+Empty (the default) means every element takes the global value.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCALED = ("damping", "actuator_gain", "armature", "mass")
-PER_ELEMENT = ("damping_by_joint", "armature_by_joint", "gain_by_actuator", "friction_by_joint")
+PER_ELEMENT = ("damping_by_joint", "armature_by_joint", "gain_by_actuator", "friction_by_joint", "mass_by_body")
 MAX_SPREAD = 2.0
 """A twin's interval of a scale or multiplier is cut at ×/÷ this around the fitted value: an unidentifiable one spans
 the whole search range [0.2, 5], and a policy trained across a 25× range of gains learns a timid compromise."""
@@ -47,6 +49,8 @@ class PhysicalParams(BaseModel):
                                                 "joint, in place of ``friction``.")
     gain_by_actuator: dict[str, float] = Field(default_factory=dict,
                                                description="Multiplier on ``actuator_gain`` per actuator.")
+    mass_by_body: dict[str, float] = Field(default_factory=dict, description="Multiplier on mass and inertia per body "
+                                           "(on top of ``mass`` for the mass bodies).")
 
 
 class Randomization(BaseModel):
@@ -154,18 +158,30 @@ def _per_actuator(model: mujoco.MjModel, by_actuator: dict[str, float]) -> np.nd
     return out
 
 
+def _per_body(model: mujoco.MjModel, by_body: dict[str, float]) -> np.ndarray:
+    """(nbody,) multipliers from a per-body-name dict (1 elsewhere)."""
+    out = np.ones(model.nbody)
+    for name, value in by_body.items():
+        b = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, name)
+        if b <= 0:
+            raise KeyError(f"no body named {name!r}")
+        out[b] = value
+    return out
+
+
 def apply_params(
     model: mujoco.MjModel, nominal: mujoco.MjModel, params: PhysicalParams, mass_mask: np.ndarray,
     actuated: np.ndarray | None = None, scratch: mujoco.MjData | None = None,
 ) -> mujoco.MjModel:
     """Write ``params`` into ``model`` (same structure as ``nominal``) and return it.
 
-    ``mass_mask`` (nbody,) selects the bodies whose mass and inertia ``params.mass`` scales;
+    ``mass_mask`` (nbody,) selects the bodies whose mass and inertia ``params.mass`` scales (``mass_by_body`` then
+    multiplies per body);
     ``actuated``: ``actuated_dofs(nominal)``, if the caller has it already. Then ``mj_setConst`` recomputes the
     constants that mass and armature enter (constraint softness, subtree masses), as compiling ``twin.xml`` does;
     ``scratch``: an MjData of this structure for it to work in (a fresh one costs milliseconds).
     """
-    scale = np.where(mass_mask, params.mass, 1.0)
+    scale = np.where(mass_mask, params.mass, 1.0) * _per_body(nominal, params.mass_by_body)
     actuated = actuated_dofs(nominal) if actuated is None else actuated
     model.dof_damping[:] = nominal.dof_damping * params.damping * _per_dof(nominal, params.damping_by_joint)
     model.dof_armature[:] = nominal.dof_armature * params.armature * _per_dof(nominal, params.armature_by_joint)

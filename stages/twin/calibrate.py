@@ -12,8 +12,9 @@ CMA-ES mean to the least-squares optimum, which is the estimate.
 
 The global fit is then the prior of a per-joint one: CMA-ES fits, per actuated joint (or per ``groups``
 entry: joints that share hardware), log-multipliers on damping and on the gain of the actuators driving
-it, with a Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit,
-and its friction, again polished to the optimum. Last, the leftover replay error is compared with
+it, and with ``body_masses`` on the mass of each of the task's mass bodies (when it has several and the global mass
+is identified), with a Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit, and its friction,
+again polished to the optimum. Last, the leftover replay error is compared with
 the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
 misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
 episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range. Beside ``twin.json`` the
@@ -116,7 +117,9 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     global_opt = least_squares(replayer, global_of, search.point(fitted), search.bounds, free, np.zeros(len(FITTED)))
     global_fit = fitted = global_of(global_opt.x)
     noise = noise_estimate(replayer, global_fit)
-    joint_search = JointSearch(task, global_fit, cfg.groups)
+    several = cfg.body_masses and len(task.mass_bodies) > 1 and "mass" not in unidentified
+    bodies = task.mass_bodies if several else ()
+    joint_search = JointSearch(task, global_fit, cfg.groups, bodies)
     resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
     intervals = search.named(interval(global_opt, search.bounds, free, resamples, np.zeros(len(FITTED))))
     if cfg.joint_generations:

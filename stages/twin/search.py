@@ -67,9 +67,11 @@ def fit_global(replayer: Replayer, search: Search, latency: int, generations: in
 class JointSearch:
     """The per-joint search space, per unit (an actuated joint, or one group of ``CalibrateConfig.groups``):
     log-multipliers on damping and on the gain of the actuators driving it, and its friction in units of
-    ``JOINT_FRICTION_UNIT`` × max effort, up to ``FRICTION_RANGE`` × max effort (started at the global fit's)."""
+    ``JOINT_FRICTION_UNIT`` × max effort, up to ``FRICTION_RANGE`` × max effort (started at the global fit's); then a
+    log-multiplier on the mass (and inertia) of each of ``bodies``."""
 
-    def __init__(self, task: Task, fitted: PhysicalParams, groups: dict[str, tuple[str, ...]]) -> None:
+    def __init__(self, task: Task, fitted: PhysicalParams, groups: dict[str, tuple[str, ...]],
+                 bodies: tuple[str, ...] = ()) -> None:
         model = task.model
         dofs = np.flatnonzero(actuated_dofs(model))
         actuated = [str(model.joint(j).name) for j in range(model.njnt) if model.jnt_dofadr[j] in dofs]
@@ -80,40 +82,48 @@ class JointSearch:
         drives = {a: str(model.joint(model.actuator_trnid[i, 0]).name) for i, a in enumerate(actuator_names(model))
                   if model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT}
         self.actuators = {u: tuple(a for a, j in drives.items() if j in joints) for u, joints in self.units.items()}
+        self.bodies = bodies
         self.fitted, self.friction_unit, n = fitted, JOINT_FRICTION_UNIT * max_effort(task), len(self.units)
-        self.bounds = np.array([np.log([0.2, 5.0])] * 2 * n + [[0.0, FRICTION_RANGE / JOINT_FRICTION_UNIT]] * n)
-        self.start = np.r_[np.zeros(2 * n), np.full(n, fitted.friction / self.friction_unit)]
+        self.bounds = np.array([np.log([0.2, 5.0])] * 2 * n + [[0.0, FRICTION_RANGE / JOINT_FRICTION_UNIT]] * n
+                               + [np.log([0.2, 5.0])] * len(bodies)).reshape(-1, 2)
+        self.start = np.r_[np.zeros(2 * n), np.full(n, fitted.friction / self.friction_unit), np.zeros(len(bodies))]
 
     def params(self, x: np.ndarray) -> PhysicalParams:
         n = len(self.units)
         damping, gain, friction = (dict(zip(self.units, map(float, v))) for v in (np.exp(x[:n]), np.exp(x[n : 2 * n]),
-                                                                                  x[2 * n :] * self.friction_unit))
+                                                                                  x[2 * n : 3 * n] * self.friction_unit))
         return self.fitted.model_copy(update={
             "damping_by_joint": {j: v for u, v in damping.items() for j in self.units[u]},
             "gain_by_actuator": {a: v for u, v in gain.items() for a in self.actuators[u]},
-            "friction_by_joint": {j: v for u, v in friction.items() for j in self.units[u]}})
+            "friction_by_joint": {j: v for u, v in friction.items() for j in self.units[u]},
+            "mass_by_body": dict(zip(self.bodies, map(float, np.exp(x[3 * n :]))))})
 
     def point(self, params: PhysicalParams) -> np.ndarray:
         """The search point of ``params`` (the inverse of ``params``; each unit read at its first joint)."""
         units = self.units.values()
         return np.r_[[np.log(params.damping_by_joint[j[0]]) for j in units],
                      [np.log(params.gain_by_actuator[a[0]]) for a in self.actuators.values()],
-                     [params.friction_by_joint[j[0]] / self.friction_unit for j in units]]
+                     [params.friction_by_joint[j[0]] / self.friction_unit for j in units],
+                     [np.log(params.mass_by_body[b]) for b in self.bodies]]
 
     def named(self, box: np.ndarray) -> dict[str, tuple[float, float]]:
-        """(d, 2) search-space intervals as per-joint values (multipliers, friction), by ``<field>.<name>``."""
+        """(d, 2) search-space intervals as per-element values (multipliers, friction), by ``<field>.<name>``."""
         n, pair = len(self.units), lambda v: (float(v[0]), float(v[1]))  # noqa: E731
-        damping, gain, friction = np.exp(box[:n]), np.exp(box[n : 2 * n]), box[2 * n :] * self.friction_unit
+        damping, gain = np.exp(box[:n]), np.exp(box[n : 2 * n])
+        friction, mass = box[2 * n : 3 * n] * self.friction_unit, np.exp(box[3 * n :])
         return {**{f"damping_by_joint.{j}": pair(damping[i]) for i, u in enumerate(self.units) for j in self.units[u]},
                 **{f"gain_by_actuator.{a}": pair(gain[i]) for i, u in enumerate(self.units) for a in self.actuators[u]},
-                **{f"friction_by_joint.{j}": pair(friction[i]) for i, u in enumerate(self.units) for j in self.units[u]}}
+                **{f"friction_by_joint.{j}": pair(friction[i]) for i, u in enumerate(self.units) for j in self.units[u]},
+                **{f"mass_by_body.{b}": pair(mass[i]) for i, b in enumerate(self.bodies)}}
 
     def prior_weights(self, replayer: Replayer, cfg: CalibrateConfig, noise: float) -> np.ndarray:
         """Per coordinate, the weight of its Gaussian prior in the per-joint objective (0: none): with residuals of std
         ``noise`` (the sensor noise estimate), mse + noise² · |x|² / (prior_width² · n) is the MAP objective, counting
-        n = windows × replayed joints of them as independent (steps within a window are correlated)."""
+        n = windows × replayed joints of them as independent (steps within a window are correlated). The
+        log-multipliers (damping, gain, mass) have it; friction has none."""
         weight = noise**2 / (cfg.prior_width**2 * len(replayer.win.start) * len(replayer.joints))
-        return np.r_[np.full(2 * len(self.units), weight), np.zeros(len(self.units))]
+        n = len(self.units)
+        return np.r_[np.full(2 * n, weight), np.zeros(n), np.full(len(self.bodies), weight)]
 
 
 def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> PhysicalParams:

@@ -32,11 +32,11 @@ def write_mjcf(task: Task, params: PhysicalParams, path: Path) -> None:
     for actuator in spec.actuators:
         actuator.gainprm[:] = model.actuator_gainprm[actuator.id]
         actuator.biasprm[:] = model.actuator_biasprm[actuator.id]
-    scaled = params.mass != 1.0
-    if scaled:
+    scaled = model.body_mass != task.model.body_mass
+    if scaled.any():
         spec.compiler.inertiafromgeom = mujoco.mjtInertiaFromGeom.mjINERTIAFROMGEOM_AUTO
         for body in spec.bodies:
-            if task.mass_mask[body.id]:
+            if scaled[body.id]:
                 body.explicitinertial, body.mass, body.inertia = True, model.body_mass[body.id], model.body_inertia[body.id]
                 body.ipos, body.iquat = model.body_ipos[body.id], model.body_iquat[body.id]
     root = ElementTree.fromstring(spec.to_xml())
@@ -50,7 +50,7 @@ def write_mjcf(task: Task, params: PhysicalParams, path: Path) -> None:
     for a, element in enumerate(root.find("actuator") if model.nu else []):
         element.attrib.update(gainprm=exact(model.actuator_gainprm[a]), biasprm=exact(model.actuator_biasprm[a]))
     for b, body in enumerate(world.iter("body"), start=1):
-        if scaled and task.mass_mask[b]:
+        if scaled[b]:
             body.find("inertial").attrib.update(mass=exact(model.body_mass[b]), diaginertia=exact(model.body_inertia[b]),
                                                 pos=exact(model.body_ipos[b]), quat=exact(model.body_iquat[b]))
     path.write_text(ElementTree.tostring(root, encoding="unicode"))
