@@ -14,8 +14,9 @@ A device of the current ring (its ring from its labels and id, registry/rings.py
 - **timed out** when neither, ``ring_timeout_s`` after its ring started.
 The ring **halts** — its devices go back to the previous version, the rollout stops — as soon as at
 least ``min_devices`` (or every device of the ring known so far) have succeeded, failed or timed out and more than
-``abort_failed_percent`` of those did not succeed. A ring whose devices all succeeded soaks for
-``soak_s`` (failures still count) and then passes; the next ring starts. ``abort`` sends every ring
+``abort_failed_percent`` of those did not succeed. A ring whose devices have all executed, at most that share of
+them failed or timed out, soaks for ``soak_s`` (failures still count) and then passes; the next ring starts (as a
+Greengrass job completes below its abort threshold: one slow device among 171 must not hold the fleet back). ``abort`` sends every ring
 back to the previous version."""
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class RolloutConfig(BaseModel):
     rings: RingSpec
     abort_failed_percent: float = Field(5.0, ge=0, le=100)
     min_devices: int = Field(1, ge=1, description="Devices of a ring that must have executed before it is judged.")
-    soak_s: float = Field(60.0, ge=0, description="How long a ring whose devices all succeeded is watched.")
+    soak_s: float = Field(60.0, ge=0, description="How long a ring whose devices all executed is watched.")
     ring_timeout_s: float = Field(900.0, gt=0, description="A device not on the version by then has timed out.")
 
 
@@ -122,7 +123,7 @@ def judge(state: RolloutState, reports: list[DeviceReport], now: float) -> Rollo
                f"(threshold {cfg.abort_failed_percent:g}%): {', '.join(ring.failed_devices) or 'timed out'}")
         rings[state.ring] = ring.model_copy(update={"status": "halted", "reason": why})
         return state.model_copy(update={"rings": rings, "status": "halted", "reason": why})
-    if ring.succeeded < ring.devices:
+    if executed < ring.devices:
         rings[state.ring] = ring
         return state.model_copy(update={"rings": rings})
     soak_started = ring.soak_started if ring.soak_started is not None else now

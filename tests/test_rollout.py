@@ -80,7 +80,11 @@ def test_the_threshold_waits_for_min_devices_and_tolerates_failures_below_it():
 
     cfg = CFG.model_copy(update={"abort_failed_percent": 100 / len(canary) + 1})
     state = judge(start(cfg, 0.0), fleet(start(cfg, 0.0), outcome), 1.0)
-    assert state.status == "running" and state.rings[0].failed == 1 and state.rings[0].status == "rolling"
+    assert state.status == "running" and state.rings[0].failed == 1 and state.rings[0].status == "soaking"
+    state = judge(state, fleet(state, outcome), 12.0)  # below the threshold the ring passes after its soak
+    assert (state.ring, state.rings[0].status, state.rings[1].status) == (1, "passed", "rolling")
+    strict = CFG.model_copy(update={"abort_failed_percent": 100 / len(canary) - 1})  # the same failure, above it
+    assert judge(start(strict, 0.0), fleet(start(strict, 0.0), outcome), 1.0).status == "halted"
     pending = [outcome(d, "2") if d in bad else report(d, "1") for d in canary]  # not updated yet, not timed out
     assert judge(start(CFG, 0.0), pending, 1.0).status == "running"  # 1 executed < min_devices 3
 
