@@ -81,15 +81,17 @@ def parse(fleet: str, topic: str, payload: bytes) -> DeviceReport:
 
 def read_fleet(broker: str | Broker, fleet: str, user: str, password: str, timeout_s: float = 10.0,
                settle_s: float = 0.5) -> FleetState:
-    """Subscribe to ``sim2edge/<fleet>/+/state`` as ``user`` and collect the retained messages until none arrived
-    for ``settle_s`` (at most ``timeout_s``). ``OSError`` when the broker is unreachable or refuses ``user``."""
+    """Subscribe to ``sim2edge/<fleet>/+/state`` as ``user`` and collect the retained messages until the first live
+    one (the broker sends the retained ones when the subscription starts, flagged as such, and live ones after, not
+    flagged: a busy fleet's reports never leave ``settle_s`` of quiet) or until none arrived for ``settle_s`` (at
+    most ``timeout_s``). ``OSError`` when the broker is unreachable or refuses ``user``."""
     import paho.mqtt.client as mqtt
 
     if not NAME.fullmatch(fleet):
         raise ValueError(f"fleet {fleet!r}: expected 1-128 characters [A-Za-z0-9_.-]")
     b = parse_broker(broker) if isinstance(broker, str) else broker
     messages: dict[str, bytes] = {}
-    subscribed, refusal, last = threading.Event(), [], [time.monotonic()]
+    subscribed, live, refusal, last = threading.Event(), threading.Event(), [], [time.monotonic()]
 
     def on_connect(c, userdata, flags, reason, properties) -> None:
         if reason.is_failure:
@@ -106,6 +108,8 @@ def read_fleet(broker: str | Broker, fleet: str, user: str, password: str, timeo
         if msg.payload:  # empty: a cleared retained message
             messages[msg.topic] = msg.payload
         last[0] = time.monotonic()
+        if not msg.retain:
+            live.set()
 
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311)
     client.username_pw_set(user, password)
@@ -120,7 +124,7 @@ def read_fleet(broker: str | Broker, fleet: str, user: str, password: str, timeo
         if not subscribed.wait(timeout_s) or refusal:
             raise OSError(f"broker {b.host}:{b.port} refused {user!r}: "
                           f"{refusal[0] if refusal else 'no answer within %.0f s' % timeout_s}")
-        while time.monotonic() - last[0] < settle_s and time.monotonic() - start < timeout_s:
+        while not live.is_set() and time.monotonic() - last[0] < settle_s and time.monotonic() - start < timeout_s:
             time.sleep(0.05)
     finally:
         client.disconnect()

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -105,6 +106,30 @@ def test_a_wrong_password_is_refused_and_another_devices_id_is_dropped(broker):
     assert fleet(broker, "f2").devices == []
     publish(b, "dev-a", USERS["dev-a"], "sim2edge/f2/dev-a/state", json.dumps(good).encode())
     assert [d.device for d in fleet(broker, "f2").devices] == ["dev-a"]
+
+
+def test_a_busy_fleet_is_read_at_its_first_live_report_not_at_the_timeout(broker):
+    """Reports arriving every 50 ms never leave 2 s of quiet: the read ends at the first live one, with every
+    retained report in it."""
+    b = Broker("127.0.0.1", int(broker.rsplit(":", 1)[1]))
+    state = {"fleet": "f4", "health": "ok", "pull_failures": 0, "missed_reports": 0, "time": 1.0}
+    for i in range(20):
+        publish(b, "admin", USERS["admin"], f"sim2edge/f4/d{i}/state", json.dumps(dict(state, device=f"d{i}")).encode())
+    stop_at = time.monotonic() + 8
+
+    def chatter() -> None:
+        while time.monotonic() < stop_at:
+            publish(b, "admin", USERS["admin"], "sim2edge/f4/d0/state", json.dumps(dict(state, device="d0")).encode())
+            time.sleep(0.05)
+
+    talker = threading.Thread(target=chatter, daemon=True)
+    talker.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    read = read_fleet(broker, "f4", "sim2edge-reader", USERS["sim2edge-reader"], timeout_s=6, settle_s=2.0)
+    took = time.monotonic() - start
+    talker.join()
+    assert len(read.devices) == 20 and took < 1.9, (len(read.devices), took)
 
 
 def test_malformed_retained_messages_are_counted_and_named(broker):
