@@ -55,8 +55,12 @@ def drift(compose: dict, tmp: Path) -> list[str]:
         problems.append(f"mlflow command {got} != {want}")
     if f"mlflow-artifacts:{dest}" not in m.get("volumes", []):
         problems.append(f"mlflow's artifacts destination {dest} is not the named volume mlflow-artifacts")
-    if set(m.get("environment", {})) != set(mlflow_env):
-        problems.append(f"mlflow environment {sorted(m.get('environment', {}))} != {sorted(mlflow_env)}")
+    if set(m.get("environment", {})) != set(mlflow_env) | {"MLFLOW_SERVER_ALLOWED_HOSTS"}:
+        problems.append(f"mlflow environment {sorted(m.get('environment', {}))} != {sorted(mlflow_env)} "
+                        f"and MLFLOW_SERVER_ALLOWED_HOSTS")
+    allowed = m.get("environment", {}).get("MLFLOW_SERVER_ALLOWED_HOSTS", "")
+    if "mlflow:5000" not in allowed.split(":-", 1)[-1].rstrip("}").split(","):
+        problems.append("MLflow does not allow the Host header mlflow:5000 the worker sends (403)")
     if m.get("environment", {}).get("MLFLOW_AUTH_ADMIN_PASSWORD", "").split(":?")[0] != ADMIN_PASSWORD[:-1]:
         problems.append("mlflow's admin password is not ${SIM2EDGE_ADMIN_PASSWORD}")
     configs = compose.get("configs", {})
@@ -132,6 +136,8 @@ def test_the_compose_file_matches_what_sim2edge_up_runs(tmp_path):
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c["services"]["mlflow"]["command"].remove("--serve-artifacts"), "mlflow command"),
     (lambda c: c["services"]["mlflow"]["environment"].update(MLFLOW_AUTH_PASSWORD="x"), "mlflow environment"),
+    (lambda c: c["services"]["mlflow"]["environment"].update(MLFLOW_SERVER_ALLOWED_HOSTS="localhost:*"),
+     "Host header mlflow:5000"),
     (lambda c: c["services"]["prefect-server"]["environment"].pop("PREFECT_API_DATABASE_CONNECTION_URL"),
      "prefect-server PREFECT_API_DATABASE_CONNECTION_URL=None"),
     (lambda c: c["services"]["prefect-worker"]["command"].__setitem__(3, "other-pool"), "prefect-worker's pool"),
