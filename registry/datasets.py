@@ -8,6 +8,7 @@ import warnings
 from mlflow.data.dataset_source_registry import resolve_dataset_source
 from mlflow.data.meta_dataset import MetaDataset
 from mlflow.entities import DatasetInput, InputTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.types import ColSpec, DataType, Schema
 
@@ -27,4 +28,13 @@ def log_dataset_input(client: MlflowClient, run_id: str, dataset: Dataset, conte
     manifest = json.loads((dataset.path / "manifest.json").read_text())
     tags = [InputTag("mlflow.data.context", context), InputTag("sim2edge.dataset_digest", dataset.digest),
             InputTag("sim2edge.rows", str(dataset.rows)), InputTag("sim2edge.robots", ",".join(manifest["robots"]))]
-    client.log_inputs(run_id, datasets=[DatasetInput(meta._to_mlflow_entity(), tags=tags)])
+    inputs = [DatasetInput(meta._to_mlflow_entity(), tags=tags)]
+    try:
+        client.log_inputs(run_id, datasets=inputs)
+    except MlflowException as e:
+        # MLflow's store looks the dataset up, then inserts it: two runs of one experiment logging the same dataset at
+        # once on PostgreSQL both insert, the second fails on the unique (experiment, name, digest) with a 400; the
+        # dataset exists now, so the same call again links this run to it
+        if "duplicate key" not in str(e) and "UNIQUE constraint" not in str(e):
+            raise
+        client.log_inputs(run_id, datasets=inputs)

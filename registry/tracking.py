@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.time import get_current_time_millis
 from pydantic import BaseModel, ConfigDict
@@ -54,7 +55,13 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_root: Path | Non
     if found is None:
         location = (artifact_root / name.replace("/", "-")).resolve().as_uri() \
             if artifact_root and not serves_artifacts(client) else None
-        return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+        try:
+            return client.create_experiment(name, artifact_location=location, tags=EXPERIMENT_KIND)
+        except MlflowException as e:
+            # another run created it since the read (two runs of a new policy at once on a shared server:
+            # PostgreSQL's unique name, RESOURCE_ALREADY_EXISTS): use theirs
+            if e.error_code != "RESOURCE_ALREADY_EXISTS" or (found := client.get_experiment_by_name(name)) is None:
+                raise
     if found.artifact_location.startswith("file:") and serves_artifacts(client) and not Path(urllib.parse.urlsplit(found.artifact_location).path).is_dir():
         raise ValueError(f"experiment {name!r} keeps its artifacts at {found.artifact_location}, which this host "
                          f"cannot reach (it was created without a tracking server); rename it in the MLflow UI "

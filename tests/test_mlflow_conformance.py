@@ -136,6 +136,26 @@ def test_experiments_through_a_server_use_its_artifact_proxy_and_open_as_model_t
     assert client.get_experiment(old).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+def test_an_experiment_another_run_creates_between_the_read_and_the_create_is_used(client, tmp_path):
+    """Two runs of a new policy at once (tests/test_team_runs.py, PostgreSQL): both read no experiment, one creates
+    it, the other's create answers RESOURCE_ALREADY_EXISTS and must use the one that now exists. Here the other run
+    is this test creating it right after ensure_experiment's first read, on the real server."""
+    other = MlflowClient(client.tracking_uri)
+
+    class Late(MlflowClient):
+        reads = 0
+
+        def get_experiment_by_name(self, name):
+            Late.reads += 1
+            if Late.reads == 1:  # read: none yet; then the other run creates it
+                other.create_experiment(name, tags=EXPERIMENT_KIND)
+                return None
+            return super().get_experiment_by_name(name)
+
+    eid = ensure_experiment(Late(client.tracking_uri), "conformance/race", tmp_path / "artifacts")
+    assert eid == client.get_experiment_by_name("conformance/race").experiment_id and Late.reads == 2
+
+
 def test_an_unreachable_file_experiment_behind_a_server_is_refused_in_one_line(client, tmp_path):
     client.create_experiment("conformance/legacy", artifact_location=(tmp_path / "gone").as_uri())
     with pytest.raises(ValueError) as e:
