@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from edge import signing  # noqa: E402
 from edge.pull import pull  # noqa: E402
+from flows import services  # noqa: E402
+from flows.workspace import Workspace  # noqa: E402
 from tests.bundles import make_bundle, make_keys, publish  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 
@@ -38,20 +40,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp}/m.db",
-                               "--artifacts-destination", str(tmp / "art"), "--serve-artifacts", "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "1"], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    ws = Workspace(home=tmp)
+    server = services.start(ws, "mlflow", services.mlflow_command(ws, "127.0.0.1", port), url, "/health",
+                            tmp / "mlflow.log")
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("MLflow server did not start")
-                time.sleep(0.5)
+        services.wait_healthy([server], timeout_s=180)
         priv, pub = make_keys(tmp)
         tar = tmp / "bench-1.tar"
         make_bundle(tar, priv, version="1", name="bench", pad_bytes=1_000_000)
@@ -93,8 +86,7 @@ def main() -> None:
         print(f"pull via the console script (interpreter start incl.) {median(cli_fresh) * 1e3:8.1f} ms")
         print(f"re-pull via the console script                        {median(cli_noop) * 1e3:8.1f} ms")
     finally:
-        server.kill()
-        server.wait()
+        services.stop([server])
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -44,9 +44,8 @@ def servers_side_by_side(fleet: SimFleet, seconds: float) -> dict:
     """The same fleet polling the TUF repository (nginx), then the MLflow server (``<policy>@champion``, as
     `watch --registry URL --no-report` does: repair, then pull), each for ``seconds`` once every device reports
     v1 / runs: requests/s and CPU seconds of the server and of the devices, per 1,000 devices."""
-    import subprocess
-    import urllib.request
-
+    from flows import services
+    from flows.workspace import Workspace
     from tests.bundles import publish
     from tests.conftest import free_port
 
@@ -67,43 +66,27 @@ def servers_side_by_side(fleet: SimFleet, seconds: float) -> dict:
     out["tuf_nginx"] = window(fleet.nginx.pid, fleet.nginx_requests)
     print(f"static repository (nginx): {json.dumps(out['tuf_nginx'])}", flush=True)
     fleet.stop_workers()
-    port = free_port()
+    port, ws = free_port(), Workspace(home=fleet.work)
     url, log = f"http://127.0.0.1:{port}", fleet.work / "mlflow.log"
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                               f"sqlite:///{fleet.work}/mlflow.db", "--artifacts-destination",
-                               str(fleet.work / "mlflow-artifacts"), "--serve-artifacts", "--host", "127.0.0.1",
-                               "--port", str(port), "--workers", "1"], stdout=open(log, "wb"),
-                              stderr=subprocess.STDOUT, start_new_session=True)
+    server = services.start(ws, "mlflow", services.mlflow_command(ws, "127.0.0.1", port), url, "/health", log)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise RuntimeError(f"MLflow server did not start: {log.read_text()[-1000:]}") from None
-                time.sleep(0.5)
+        services.wait_healthy([server], timeout_s=180)
         publish(url, fleet.work / f"{fleet.policy}-1.tar", fleet.policy, "champion")
         fleet.seed_stores(registry=url)
-        c0 = tree_cpu_s(server.pid)
+        c0 = tree_cpu_s(server.process.pid)
         time.sleep(10)
-        out["mlflow_server_without_devices_cpu_s_per_s"] = round((tree_cpu_s(server.pid) - c0) / 10, 3)
+        out["mlflow_server_without_devices_cpu_s_per_s"] = round((tree_cpu_s(server.process.pid) - c0) / 10, 3)
         fleet.start_workers(registry=url)
         fleet.wait_reported("1", 10 * fleet.interval_s + 120)
 
         def requests() -> int:
             return sum(1 for line in log.read_bytes().splitlines() if b'HTTP/1.1"' in line)
 
-        out["mlflow"] = window(server.pid, requests)
+        out["mlflow"] = window(server.process.pid, requests)
         print(f"MLflow server: {json.dumps(out['mlflow'])}", flush=True)
     finally:
         fleet.stop_workers()
-        import os
-        import signal
-
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        services.stop([server])
     return out
 
 

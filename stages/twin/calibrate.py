@@ -1,9 +1,9 @@
 """Calibrate: fit the twin's physical parameters and actuation latency to logged trajectories.
 
 Short windows of the logs are replayed from their logged start states (smoothed for contact-rich robots, whose
-contacts the sensor noise would move: ``replay.smoothed``) with the logged commanded controls, shifted by a candidate latency and held per control step. CMA-ES (the
-``cmaes`` package) minimises the RMS error between replayed and logged joint positions over
-log-scales of the scale parameters and a normalized friction; a whole generation (population × windows) replays in one
+contacts the sensor noise would move: ``replay.smoothed``) with the logged commanded controls, shifted by a
+candidate latency and held per control step. CMA-ES (the ``cmaes`` package) minimises the RMS error between
+replayed and logged joint positions over log-scales of the scale parameters and a normalized friction; a whole generation (population × windows) replays in one
 ``mujoco.rollout`` call. Integer latency is searched: a short fit per candidate, then the
 best one is fitted to the end. Afterwards each parameter's sensitivity (how much a 10%
 change raises the replay error) is measured; a parameter the data cannot pin down is
@@ -13,8 +13,8 @@ CMA-ES mean to the least-squares optimum, which is the estimate.
 The global fit is then the prior of a per-joint one: CMA-ES fits, per actuated joint (or per ``groups``
 entry: joints that share hardware), log-multipliers on damping and on the gain of the actuators driving
 it, and with ``body_masses`` on the mass of each of the task's mass bodies (when it has several and the global mass
-is identified), with a Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit, and its friction,
-again polished to the optimum. Last, the leftover replay error is compared with
+is identified), with a Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit,
+and its friction, again polished to the optimum. Last, the leftover replay error is compared with
 the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
 misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
 episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range. Beside ``twin.json`` the
@@ -55,7 +55,8 @@ def misfit(replayer: Replayer, fitted: PhysicalParams, ratio: float, seed: int) 
     task, win, sigma = replayer.task, replayer.win, fitted.obs_noise
     m, joints = task.model, replayer.joints
     noisy = win.start.copy()
-    noisy[:, 1 : 1 + m.nq + m.nv] += np.random.default_rng(seed).normal(0, sigma * win.start_noise, (len(noisy), m.nq + m.nv))
+    noisy[:, 1 : 1 + m.nq + m.nv] += np.random.default_rng(seed).normal(0, sigma * win.start_noise,
+                                                                        (len(noisy), m.nq + m.nv))
     clean, perturbed = replayer.replay([fitted]), replayer.replay([fitted], noisy)
     floor = np.sqrt(((perturbed - clean)[..., joints] ** 2).mean(axis=(0, 1, 2)) + sigma**2)
     error = np.sqrt(((clean - win.target)[..., joints] ** 2).mean(axis=(0, 1, 2)))
@@ -156,7 +157,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         "misfit": leftover.model_dump(),
         "windows": len(replayer.win.start),
         "window_steps": cfg.window,
-        "start_smoothing": cfg.start_smoothing or task.start_smoothing,
+        "start_smoothing": replayer.win.smoothing,
     }
     profiles = {standin.profile_of(r) for r in robots}
     truth = standin.hidden_params(task.name, profiles.pop()) if len(profiles) == 1 and None not in profiles else None

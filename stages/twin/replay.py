@@ -22,15 +22,20 @@ from stages.twin.calibration_config import CalibrateConfig
 
 class Windows(BaseModel):
     """Replay windows: start states (W, nstate), controls per latency (L+1, W, T*decimation, nu), targets (W, T, nq),
-    the episode each was cut from (W,), numbered in dataset order, and the std of the start states' noise as a
-    fraction of the logs' (smoothing lowers it)."""
+    the episode each was cut from (W,), numbered in dataset order, and the window the start states were smoothed
+    over (``smoothed``; 1: raw)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
     start: np.ndarray
     control: np.ndarray
     target: np.ndarray
     episode: np.ndarray
-    start_noise: float = 1.0
+    smoothing: int = 1
+
+    @property
+    def start_noise(self) -> float:
+        """The std of the start states' noise as a fraction of the logs' (``smoothing_noise``)."""
+        return smoothing_noise(self.smoothing)
 
 
 SMOOTHING_ORDER = 2
@@ -42,7 +47,7 @@ def smoothed(values: np.ndarray, boundaries: np.ndarray, window: int) -> np.ndar
 
     Why: a replay starts from a logged, noisy state, and least squares is biased by noise on its inputs. On the
     contact-rich quadruped (σ = 0.002) a 2 mm error in body height changes the foot contacts, and the raw starts moved
-    the fit's gain +2.5%, payload +6.4% and friction 4.7× from the truth, which noise-free logs recover within 0.5%;
+    the fit's gain +2.5%, payload +6.4% and friction 4.7× from the truth, which noise-free logs recover within 0.8%;
     starts smoothed over 5 samples bring them to +0.4%, +0.1% and 1.4×, inside their intervals."""
     if window == 1:
         return values
@@ -81,7 +86,7 @@ def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
     control = np.stack([np.repeat(ctrl[steps - lag], task.decimation, axis=1) for lag in range(cfg.max_latency + 1)])
     return Windows(start=start, control=control.astype(np.float64), target=qpos[steps + 1],
                    episode=np.searchsorted(boundaries, starts, side="right") - 1,
-                   start_noise=smoothing_noise(smoothing))
+                   smoothing=smoothing)
 
 
 class Replayer:
