@@ -68,12 +68,12 @@ def _drawn_per_joint(task: str, base: PhysicalParams) -> PhysicalParams:
     and with several mass bodies each one's mass ×U(0.7, 1.3)."""
     from stages.sim.registry import load  # the registry imports the tasks, which import this module's users
 
-    model = load(task).model
+    loaded = load(task)
+    model, bodies = loaded.model, loaded.mass_bodies
     dofs = np.flatnonzero(actuated_dofs(model))
     joints = [str(model.joint(int(j)).name) for j in range(model.njnt) if model.jnt_dofadr[j] in dofs]
     rng = np.random.default_rng(zlib.crc32(task.encode()))
     draw = lambda names, low, high: {n: round(float(v), 3) for n, v in zip(names, rng.uniform(low, high, len(names)))}  # noqa: E731
-    bodies = load(task).mass_bodies
     return base.model_copy(update={"damping_by_joint": draw(joints, 0.6, 1.6),
                                    "gain_by_actuator": draw(actuator_names(model), 0.75, 1.05),
                                    "friction_by_joint": draw(joints, 0.5 * base.friction, 1.5 * base.friction),
