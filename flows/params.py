@@ -10,7 +10,7 @@ from edge.targets import load_target
 from stages.sim.disturbance import Disturbance
 from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
-from stages.twin.calibration_config import CalibrateConfig
+from stages.twin.calibration_config import CalibrateConfig, SmoothingWindow
 from stages.twin.gate import Check, GateConfig
 from stages.twin.hil_stage import HilSettings
 
@@ -52,7 +52,7 @@ class CalibrateSettings(BaseModel):
     joint_generations: int = calibration_field("joint_generations")
     groups: dict[str, tuple[str, ...]] = calibration_field("groups")
     bootstrap: int = calibration_field("bootstrap")
-    start_smoothing: Optional[int] = calibration_field("start_smoothing")
+    start_smoothing: Optional[SmoothingWindow] = calibration_field("start_smoothing")
 
 
 class PublishSettings(BaseModel):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from flows.params import CalibrateSettings
 from stages.sim.registry import load
 from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.replay import smoothed, smoothing_noise
@@ -32,7 +33,10 @@ def test_episodes_are_smoothed_apart_and_a_short_one_stays_raw():
 
 
 def test_the_window_must_be_odd_and_defaults_to_the_task():
-    with pytest.raises(ValidationError, match="start_smoothing must be 1 or an odd window"):
-        CalibrateConfig(start_smoothing=4)
+    for bad in (4, 3, 0):
+        with pytest.raises(ValidationError, match="start_smoothing must be 1 or an odd window"):
+            CalibrateConfig(start_smoothing=bad)
+        with pytest.raises(ValidationError, match="start_smoothing must be 1 or an odd window"):
+            CalibrateSettings(start_smoothing=bad)  # the pipeline's settings refuse it before any stage runs
     assert CalibrateConfig().start_smoothing is None
     assert load("quadruped").start_smoothing == 5 and load("reacher").start_smoothing == 1

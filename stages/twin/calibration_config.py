@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _odd_window(v: int) -> int:
+    if v < 1 or v % 2 == 0 or v == 3:
+        raise ValueError(f"start_smoothing must be 1 or an odd window of at least 5 samples, not {v}")
+    return v
+
+
+SmoothingWindow = Annotated[int, AfterValidator(_odd_window)]
+"""A Savitzky-Golay window: 1 (raw) or odd ≥ 5; in the type, so the pipeline's settings check it too."""
 
 
 class CalibrateConfig(BaseModel):
@@ -27,15 +37,8 @@ class CalibrateConfig(BaseModel):
     misfit_ratio: float = Field(2.0, gt=1, description="Replay error over the noise floor above which the twin "
                                                        "reports a misfit.")
     bootstrap: int = Field(400, ge=20, description="Episode resamples of the bootstrap intervals.")
-    start_smoothing: Optional[int] = Field(None, ge=1, description="Window (samples, odd) of the quadratic "
+    start_smoothing: Optional[SmoothingWindow] = Field(None, description="Window (samples, odd) of the quadratic "
                                            "Savitzky-Golay filter over the logged joint states a replay starts from; "
                                            "1: raw; default: the task's (`start_smoothing`: 5 for the quadruped).")
     seed: int = 0
     nthread: int = 2
-
-    @field_validator("start_smoothing")
-    @classmethod
-    def _odd(cls, v: Optional[int]) -> Optional[int]:
-        if v is not None and (v % 2 == 0 or v == 3):
-            raise ValueError(f"start_smoothing must be 1 or an odd window of at least 5 samples, not {v}")
-        return v
