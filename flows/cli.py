@@ -22,6 +22,7 @@ app.add_typer(cli_artifacts.keys_app, name="keys")
 app.add_typer(cli_artifacts.dataset_app, name="dataset")
 app.add_typer(cli_team.users_app, name="users")
 app.add_typer(cli_rollout.rollout_app, name="rollout")
+app.add_typer(cli_fleet.tuf_app, name="tuf")
 app.command("package")(cli_artifacts.package_image)
 app.command("import")(cli_artifacts.import_policy)
 

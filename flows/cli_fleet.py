@@ -1,4 +1,5 @@
-"""``sim2edge up``, ``serve``, ``deploy`` and ``devices``: the servers, the deployments and the devices reporting."""
+"""``sim2edge up``, ``serve``, ``deploy``, ``publish``, ``tuf rotate-root`` and ``devices``: the servers, the
+deployments, the TUF repository and its keys, and the devices reporting."""
 
 from __future__ import annotations
 
@@ -139,6 +140,32 @@ def publish(
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     console.print(f"published {policy} v{version} to {repo} as {done.target_path} (targets v{done.targets_version}, "
                   f"snapshot v{done.snapshot_version}, timestamp v{done.timestamp_version})",
+                  soft_wrap=True, markup=False, highlight=False)
+
+
+tuf_app = typer.Typer(no_args_is_help=True, help="Manage the keys of a TUF repository written by `sim2edge publish`.")
+
+
+@tuf_app.command("rotate-root")
+def rotate_root(
+    repo: Path = typer.Option(..., help="TUF repository directory written by `sim2edge publish`."),
+    new_keys: Path = typer.Option(..., help="Directory of the keys that replace the current ones (made if missing; "
+                                            "copy a role's old key file there to keep that key)."),
+    keys: Optional[Path] = typer.Option(None, help="The current role keys (default: <workspace>/tuf-keys)."),
+    timestamp_s: float = typer.Option(86400.0, help="Lifetime of the re-signed timestamp.json in seconds."),
+) -> None:
+    """Rotate the repository's root key (registry/tuf_rotation.py): root v N+1 names the new keys and is signed by
+    the old root key and the new one; targets, snapshot and timestamp are re-signed with the new keys."""
+    from registry.tuf_rotation import RotateConfig
+    from registry.tuf_rotation import rotate_root as rotate
+
+    old = keys or Workspace.from_env().home / "tuf-keys"
+    try:
+        done = rotate(RotateConfig(repo=repo, keys=old, new_keys=new_keys, timestamp_s=timestamp_s))
+    except (OSError, ValueError) as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    console.print(f"rotated {repo} to root v{done.root_version} (new keys for {', '.join(done.rotated)} from "
+                  f"{new_keys}; timestamp v{done.timestamp_version}): publish with --keys {new_keys}, retire {old}",
                   soft_wrap=True, markup=False, highlight=False)
 
 

@@ -16,8 +16,9 @@ The ring **halts** — its devices go back to the previous version, the rollout 
 least ``min_devices`` (or every device of the ring known so far) have succeeded, failed or timed out and more than
 ``abort_failed_percent`` of those did not succeed. A ring whose devices have all executed, at most that share of
 them failed or timed out, soaks for ``soak_s`` (failures still count) and then passes; the next ring starts (as a
-Greengrass job completes below its abort threshold: one slow device among 171 must not hold the fleet back). ``abort`` sends every ring
-back to the previous version."""
+Greengrass job completes below its abort threshold: one slow device among 171 must not hold the fleet back). A ring
+no device of which has reported has executed nothing, so it is never judged: it holds (``rolling``, its reason saying
+so) rather than passing an empty soak. ``abort`` sends every ring back to the previous version."""
 
 from __future__ import annotations
 
@@ -123,6 +124,12 @@ def judge(state: RolloutState, reports: list[DeviceReport], now: float) -> Rollo
                f"(threshold {cfg.abort_failed_percent:g}%): {', '.join(ring.failed_devices) or 'timed out'}")
         rings[state.ring] = ring.model_copy(update={"status": "halted", "reason": why})
         return state.model_copy(update={"rings": rings, "status": "halted", "reason": why})
+    if not ring.devices:  # nothing executed, so nothing judged (min_devices): an empty ring never passes
+        why = (f"ring {ring.name}: no device of this ring has reported, so it is not judged and does not pass "
+               f"its soak; holding until one reports (or abort the rollout)")
+        rings[state.ring] = ring.model_copy(update={"status": "rolling", "soak_started": None, "reason": why})
+        return state.model_copy(update={"rings": rings, "reason": why})
+    ring, state = ring.model_copy(update={"reason": ""}), state.model_copy(update={"reason": ""})  # not held now
     if executed < ring.devices:
         rings[state.ring] = ring
         return state.model_copy(update={"rings": rings})

@@ -2,7 +2,8 @@
 
 Layout of ``repo`` (served as is; ``consistent_snapshot`` is off, so file names are plain)::
 
-    metadata/root.json, 1.root.json      the trust anchor (devices get root.json out of band: ``--tuf-root``)
+    metadata/root.json, <N>.root.json    the trust anchor (devices get root.json out of band: ``--tuf-root``);
+                                         each version a root rotation wrote, 1 to N
     metadata/targets.json                every published bundle, with the custom fields below
     metadata/snapshot.json               the version of targets.json
     metadata/timestamp.json              the version of snapshot.json; short-lived, re-signed on every publish
@@ -12,7 +13,8 @@ Layout of ``repo`` (served as is; ``consistent_snapshot`` is off, so file names 
                                          devices asking for ``<policy>`` follow it instead of latest.tar
 
 Keys (``keys``, never served): ``root.key``, ``targets.key``, ``snapshot.key``, ``timestamp.key``, each an
-Ed25519 private key (PKCS#8 PEM, mode 0600), made on the first publish; threshold 1 per role.
+Ed25519 private key (PKCS#8 PEM, mode 0600), made on the first publish; threshold 1 per role. A root key rotation
+(registry/tuf_rotation.py) writes ``metadata/<N+1>.root.json`` naming the keys of another such directory.
 
 Each target's ``custom`` field (the device checks it against the registry contract and the signed manifest)::
 
@@ -87,9 +89,8 @@ def _manifest(tar: Path) -> dict:
         raise ValueError(f"{tar} is not a sim2edge bundle ({e})") from None
 
 
-def _signers(keys: Path) -> dict:
+def role_signers(keys: Path) -> dict:
     """The four role signers from ``keys``, generated on first use."""
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
     from securesystemslib.signer import CryptoSigner
 
     keys.mkdir(parents=True, exist_ok=True)
@@ -100,11 +101,23 @@ def _signers(keys: Path) -> dict:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(CryptoSigner.generate_ed25519().private_bytes)
-        signers[role] = CryptoSigner(load_pem_private_key(path.read_bytes(), None))
+        signers[role] = load_signer(path)
     return signers
 
 
-def _expiry(seconds: float) -> datetime:
+def load_signer(path: Path):
+    """The signer of the private key (PKCS#8 PEM, unencrypted) in ``path``."""
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    from securesystemslib.signer import CryptoSigner
+
+    try:
+        return CryptoSigner(load_pem_private_key(path.read_bytes(), None))
+    except (TypeError, ValueError) as e:
+        why = " ".join(str(e).split()) or type(e).__name__
+        raise ValueError(f"{path} is not an unencrypted PEM private key ({why})") from None
+
+
+def expiry(seconds: float) -> datetime:
     return datetime.now(timezone.utc).replace(microsecond=0) + timedelta(seconds=seconds)
 
 
@@ -129,7 +142,7 @@ def _load_or_init(meta: Path, signers: dict, cfg: RepoConfig) -> dict:
     for role in ROLES:
         if (meta / f"{role}.json").exists():
             raise ValueError(f"{meta} has {role}.json but no root.json: not a repository this command made")
-    root = Root(expires=_expiry(cfg.root_days * 86400), consistent_snapshot=False)
+    root = Root(expires=expiry(cfg.root_days * 86400), consistent_snapshot=False)
     for role in ROLES:
         root.add_key(signers[role].public_key, role)
     md = {"root": Metadata(root), "targets": Metadata(Targets()), "snapshot": Metadata(Snapshot()),
@@ -161,7 +174,7 @@ def publish(cfg: PublishConfig) -> Published:
     said = (m["policy"]["name"], str(m["policy"]["version"]))
     if said != (cfg.policy, str(cfg.version)):
         raise ValueError(f"{cfg.bundle} is {said[0]} v{said[1]}, not {cfg.policy} v{cfg.version} as registered")
-    signers = _signers(cfg.keys)
+    signers = role_signers(cfg.keys)
     meta = cfg.repo / "metadata"
     md = _load_or_init(meta, signers, cfg)
     custom = {"policy": cfg.policy, "version": str(cfg.version), "target": m["target"]["name"],
@@ -184,23 +197,29 @@ def publish(cfg: PublishConfig) -> Published:
 
 def _sign(md: dict, signers: dict, meta: Path, cfg: RepoConfig) -> None:
     """Bump and renew targets, snapshot and timestamp, sign them and write them, timestamp last."""
+    resign(md, signers, cfg)
+    for role in ("targets", "snapshot", "timestamp"):  # timestamp last: clients start there
+        _write(md[role], meta / f"{role}.json")
+
+
+def resign(md: dict, signers: dict, cfg: RepoConfig) -> None:
+    """Bump and renew targets, snapshot and timestamp in ``md`` and sign each with its signer alone (in memory)."""
     from tuf.api.metadata import MetaFile
 
     targets = md["targets"].signed
     targets.version += 1
-    targets.expires = _expiry(cfg.targets_days * 86400)
+    targets.expires = expiry(cfg.targets_days * 86400)
     snapshot = md["snapshot"].signed
     snapshot.meta["targets.json"] = MetaFile(targets.version)
     snapshot.version += 1
-    snapshot.expires = _expiry(cfg.snapshot_days * 86400)
+    snapshot.expires = expiry(cfg.snapshot_days * 86400)
     timestamp = md["timestamp"].signed
     timestamp.snapshot_meta = MetaFile(snapshot.version)
     timestamp.version += 1
-    timestamp.expires = _expiry(cfg.timestamp_s)
-    for role in ("targets", "snapshot", "timestamp"):  # timestamp last: clients start there
+    timestamp.expires = expiry(cfg.timestamp_s)
+    for role in ("targets", "snapshot", "timestamp"):
         md[role].signatures.clear()
         md[role].sign(signers[role])
-        _write(md[role], meta / f"{role}.json")
 
 
 def published_versions(repo: Path, policy: str) -> set[str]:
@@ -227,7 +246,7 @@ def write_rollout(cfg: RepoConfig, policy: str, plan: dict) -> int:
             cfg.repo, policy)
         if missing:
             raise ValueError(f"rollout of {policy} names version(s) {sorted(missing)} not published in {cfg.repo}")
-    signers = _signers(cfg.keys)
+    signers = role_signers(cfg.keys)
     meta = cfg.repo / "metadata"
     md = _load_or_init(meta, signers, cfg)
     path = f"{policy}/rollout.json"

@@ -107,3 +107,18 @@ def test_a_state_saved_and_loaded_judges_the_same():
     state = judge(start(CFG, time.time()), fleet(start(CFG, 0.0), report), time.time())
     again = RolloutState.model_validate_json(state.model_dump_json())
     assert again == state and plan(again) == plan(state)
+
+
+def test_a_ring_no_device_reports_in_holds_past_its_soak_and_says_why():
+    """No device of ring canary known: nothing executed, so nothing judged; it must not pass an empty soak."""
+    others = [report(d, "1") for d in in_ring("all")]
+    state = start(CFG, 0.0)
+    for now in (1.0, 50.0, 10 * CFG.soak_s + CFG.ring_timeout_s):
+        state = judge(state, others, now)
+        assert (state.status, state.ring, state.rings[0].status, state.rings[0].devices) == ("running", 0, "rolling", 0)
+    assert state.reason == state.rings[0].reason and state.reason.startswith("ring canary: no device of this ring")
+    assert "does not pass its soak" in state.reason and plan(state)["default"] == "1"
+    state = judge(state, fleet(state, report), 1001.0)  # its devices report: judged again, soak from now
+    assert (state.rings[0].status, state.rings[0].soak_started, state.reason) == ("soaking", 1001.0, "")
+    state = judge(state, fleet(state, report), 1012.0)
+    assert (state.ring, state.rings[0].status) == (1, "passed")
