@@ -14,7 +14,7 @@ import yaml
 from mcap.reader import make_reader
 from mcap_ros2.decoder import DecoderFactory
 
-from edge import telemetry
+from edge import telemetry, telemetry_mcap
 from edge.control import decode_action, encode_observation
 from edge.errors import CheckFailed
 from stages.collect import bag_reader
@@ -130,9 +130,20 @@ def test_rclpy_deserializes_the_recorded_messages(recorded):
     assert np.array([list(m.data) for m in got["/sim2edge/actions"]]) == pytest.approx(actions[:ROWS], abs=0)
 
 
-def test_an_odd_joint_state_goes_whole_into_position():
-    from edge.telemetry_mcap import joint_state
 
-    msg = joint_state(1_700_000_000_250_000_000, np.array([1.0, 2.0, 3.0]))
-    assert msg["position"] == [1.0, 2.0, 3.0] and msg["velocity"] == [] and len(msg["name"]) == 3
-    assert msg["header"]["stamp"] == {"sec": 1_700_000_000, "nanosec": 250_000_000}
+@pytest.mark.parametrize("state", [[1.0, -2.0, 3.5, 4.0], [1.0, 2.0, 3.0], []], ids=["even", "odd", "empty"])
+def test_hand_cdr_matches_rosbags_serializer_byte_for_byte(state):
+    """The agent's CDR is what rosbags' own serializer writes for the same messages (an odd state: all position)."""
+    state, types, stamp = np.array(state), bag_reader.TYPESTORE.types, 1_700_000_000_250_000_000
+    half = len(state) // 2 if len(state) % 2 == 0 else len(state)
+    header = types["std_msgs/msg/Header"](stamp=types["builtin_interfaces/msg/Time"](sec=1_700_000_000,
+                                                                                      nanosec=250_000_000), frame_id="")
+    js = types["sensor_msgs/msg/JointState"](header=header, name=[f"joint_{i}" for i in range(half)],
+                                             position=state[:half], velocity=state[half:], effort=np.zeros(0))
+    assert telemetry_mcap.joint_state(stamp, state) == \
+        bytes(bag_reader.TYPESTORE.serialize_cdr(js, "sensor_msgs/msg/JointState"))
+    dim = types["std_msgs/msg/MultiArrayDimension"](label="a,b", size=len(state), stride=len(state))
+    arr = types["std_msgs/msg/Float64MultiArray"](layout=types["std_msgs/msg/MultiArrayLayout"](dim=[dim],
+                                                                                               data_offset=0), data=state)
+    assert telemetry_mcap.array("a,b", state) == \
+        bytes(bag_reader.TYPESTORE.serialize_cdr(arr, "std_msgs/msg/Float64MultiArray"))
