@@ -147,3 +147,18 @@ def test_hand_cdr_matches_rosbags_serializer_byte_for_byte(state):
                                                                                                data_offset=0), data=state)
     assert telemetry_mcap.array("a,b", state) == \
         bytes(bag_reader.TYPESTORE.serialize_cdr(arr, "std_msgs/msg/Float64MultiArray"))
+
+
+def test_upload_sends_mcap_files_like_npz_ones(mlflow_server, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    rec = telemetry.Recorder(tmp_path, ["a"], ["u"], "4", "dev-m", rows_per_file=2, format="mcap")
+    for i in range(3):
+        rec.record(0, i, 1.7e9 + i, np.array([i], np.float32), np.array([0.5], np.float32), 1e-4, 0.02, 0)
+    rec.flush()
+    files = telemetry.pending(tmp_path / "telemetry" / "pending")
+    assert len(files) == 2 and rec.pending_bytes() == sum(f.stat().st_size for f in files) > 0
+    (run_id,) = telemetry.Uploader(tmp_path, mlflow_server, f"mcap-{tmp_path.name}", "dev-m").upload()
+    listed = MlflowClient(mlflow_server).list_artifacts(run_id, "telemetry")
+    assert sorted(a.path.split("/")[-1] for a in listed) == [f.name for f in files]
+    assert telemetry.pending(tmp_path / "telemetry" / "pending") == []
