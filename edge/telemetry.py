@@ -15,8 +15,8 @@ runtime and cryptography; numpy writes .npz natively (uncompressed, no pickle: e
 plain numeric or unicode array), and the columns map one to one onto the Parquet log's columns.
 
 ``format="mcap"`` (``run --telemetry-format mcap``): the same rows, rotation and discipline, as ``.mcap``
-files with ROS 2 message schemas (edge/telemetry_mcap.py) that Foxglove, ``ros2 bag`` and ``collect --source
-rosbag`` open; it needs the ``mcap`` extra.
+files with ROS 2 message schemas (edge/telemetry_mcap.py) for Foxglove, ``ros2 bag`` and ``collect --source
+rosbag``; it needs the ``mcap`` extra.
 
 Disk cap: when the pending files reach ``cap_bytes`` the recorder stops writing and counts the
 dropped rows; nothing is deleted before its upload is confirmed.
