@@ -31,6 +31,7 @@ in the same run; local files are deleted only after the run is FINISHED.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -69,7 +70,10 @@ class Recorder:
     """Buffers one row per control step; writes a file every ``rows_per_file`` rows (and on close)."""
 
     def __init__(self, root: Path, obs_names: List[str], act_names: List[str], policy_version: str,
-                 device_id: str, rows_per_file: int = 3000, cap_bytes: int = 256 << 20, format: str = "npz") -> None:
+                 device_id: str, rows_per_file: int = 3000, cap_bytes: int = 256 << 20, format: str = "npz",
+                 joint_names: Optional[List[str]] = None) -> None:
+        """``joint_names``: the ROS joints whose positions then velocities the state holds, where known (MCAP's
+        JointState names them; .npz keeps ``state.<i>``)."""
         if format not in FORMATS:
             raise CheckFailed("telemetry", f"format {shown(format)} is not one of {', '.join(FORMATS)}")
         self.format, self.write = format, _savez
@@ -79,7 +83,7 @@ class Recorder:
             except ImportError as e:
                 raise CheckFailed("telemetry", f"format mcap needs the mcap extra: pip install "
                                                f"'sim2edge-agent[mcap]' ({e})") from None
-            self.write = telemetry_mcap.write
+            self.write = functools.partial(telemetry_mcap.write, joint_names=joint_names)
         self.dir = DeviceStore(Path(root)).inside("telemetry", "pending")  # a link there is refused
         self.dir.mkdir(parents=True, exist_ok=True)
         self.obs_names, self.act_names = obs_names, act_names

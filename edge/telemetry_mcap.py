@@ -5,9 +5,10 @@ storage writes it, for Foxglove and ``ros2 bag`` (not run here; the tests read t
 reader, ``rosbags`` and rclpy's own deserializer) and ``sim2edge collect --source rosbag``. One message per control step on each topic, logged at the step's wall-clock time:
 
 - ``/sim2edge/joint_states`` ``sensor_msgs/msg/JointState``, in steps that carried the robot's measured
-  joint state: ``name`` ``joint_<i>``, ``position`` its first half (qpos), ``velocity`` its second half
-  (qvel) — the device does not know the MJCF joint names; a collect mapping renames ``joint_<i>``. An odd
-  size (a joint with nq != nv) goes whole into ``position`` with no ``velocity``.
+  joint state: ``position`` its first half (qpos), ``velocity`` its second half (qvel); ``name`` the ROS
+  joint names where the agent knows them (``sim2edge-agent ros2``), else ``joint_<i>`` (``run``: the device
+  does not know the MJCF names; a collect mapping renames them). An odd size (a joint with nq != nv) goes
+  whole into ``position`` with no ``velocity``.
 - ``/sim2edge/actions`` ``std_msgs/msg/Float64MultiArray``: ``act.<name>``, the actuator command sent
   (``layout.dim[0].label``: the names, comma-separated).
 - ``/sim2edge/observations`` ``std_msgs/msg/Float64MultiArray``: ``obs.<name>``, the policy's input.
@@ -25,7 +26,7 @@ stall. The container is the ``mcap`` package (pure Python, with ``zstandard`` an
 from __future__ import annotations
 
 import struct
-from typing import IO, Dict, List
+from typing import IO, Dict, List, Optional
 
 import numpy as np
 from mcap.writer import Writer
@@ -93,21 +94,22 @@ def array(label: str, values: np.ndarray) -> bytes:
     return array_prefix(label, len(values)) + np.asarray(values, "<f8").tobytes()
 
 
-def joint_state(stamp_ns: int, state: np.ndarray) -> bytes:
+def joint_state(stamp_ns: int, state: np.ndarray, names: Optional[List[str]] = None) -> bytes:
     """A JointState of one step's measured state (qpos then qvel; an odd size all in ``position``)."""
     half = len(state) // 2 if len(state) % 2 == 0 else len(state)
     msg = Cdr()
     msg.buf += struct.pack("<iI", stamp_ns // 10**9, stamp_ns % 10**9)
     msg.string("")  # header.frame_id
-    msg.strings([f"joint_{i}" for i in range(half)])
+    msg.strings(names if names and len(names) == half else [f"joint_{i}" for i in range(half)])
     msg.f64s(state[:half])
     msg.f64s(state[half:])
     msg.f64s(np.zeros(0))  # effort
     return bytes(msg.buf)
 
 
-def write(f: IO[bytes], cols: Dict[str, np.ndarray]) -> None:
-    """Write the columns of one telemetry file (edge/telemetry.py's ``flush``: at least one row) to ``f`` as MCAP."""
+def write(f: IO[bytes], cols: Dict[str, np.ndarray], joint_names: Optional[List[str]] = None) -> None:
+    """Write the columns of one telemetry file (edge/telemetry.py's ``flush``: at least one row) to ``f`` as MCAP;
+    ``joint_names``: of the state's halves, where known."""
     obs = [k for k in cols if k.startswith("obs.")]
     act = [k for k in cols if k.startswith("act.")]
     state = sorted((k for k in cols if k.startswith("state.")), key=lambda k: int(k[6:]))
@@ -129,7 +131,7 @@ def write(f: IO[bytes], cols: Dict[str, np.ndarray]) -> None:
     for i, t in enumerate(cols["time"]):
         stamp = int(round(float(t) * 1e9))
         if state_v is not None and not np.isnan(state_v[i]).any():
-            writer.add_message(channels[JOINT_STATES], stamp, joint_state(stamp, state_v[i]), stamp, i)
+            writer.add_message(channels[JOINT_STATES], stamp, joint_state(stamp, state_v[i], joint_names), stamp, i)
         for topic, (prefix, values) in rows.items():
             writer.add_message(channels[topic], stamp, prefix + values[i].tobytes(), stamp, i)
     writer.finish()
