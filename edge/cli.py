@@ -152,7 +152,7 @@ def loop_outputs(args: argparse.Namespace):
     telemetry = None
     if args.telemetry:
         telemetry = dict(device_id=args.device_id, rows_per_file=args.telemetry_rows,
-                         cap_bytes=int(args.telemetry_cap_mb * (1 << 20)))
+                         cap_bytes=int(args.telemetry_cap_mb * (1 << 20)), format=args.telemetry_format)
     return telemetry, ReportTo(args.registry, args.device_id, args.report_every) if args.registry else None
 
 
@@ -298,6 +298,9 @@ def add_loop_output_arguments(p: argparse.ArgumentParser) -> None:
     """What ``run`` and ``ros2`` record and report besides serving."""
     p.add_argument("--telemetry", action="store_true", help="record observations, actions and timing "
                    "under <root>/telemetry/pending (see edge/telemetry.py)")
+    p.add_argument("--telemetry-format", choices=("npz", "mcap"), default="npz",
+                   help="npz, or mcap with ROS 2 schemas for Foxglove and ros2 bag (needs the mcap extra; see "
+                        "edge/telemetry_mcap.py) (default %(default)s)")
     p.add_argument("--telemetry-rows", type=int, default=3000, help="control steps per file (default %(default)s)")
     p.add_argument("--telemetry-cap-mb", type=float, default=256.0,
                    help="stop recording when pending files reach this size (default %(default)s)")

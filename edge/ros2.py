@@ -188,6 +188,8 @@ def serve(root: Path, state_topic: str, command_topic: str, action_topic: str, a
     rclpy.init(signal_handler_options=SignalHandlerOptions.NO)  # SIGTERM/SIGINT stop the loop, as in ``run``
     try:
         node = rclpy.create_node("sim2edge_agent")
+        if telemetry is not None:  # MCAP's JointState carries the ROS joint names
+            telemetry = dict(telemetry, joint_names=list(ObservationMap.from_manifest(policy.manifest).joint_names))
         loop = RosLoop(policy, node, (state_topic, command_topic, action_topic), action_type, watchdog_periods,
                        stats_window, recorder_for(root, policy, telemetry))
         executor = SingleThreadedExecutor()

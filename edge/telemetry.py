@@ -14,6 +14,10 @@ Why .npz, not Parquet: the agent may depend only on the standard library, numpy,
 runtime and cryptography; numpy writes .npz natively (uncompressed, no pickle: every column is a
 plain numeric or unicode array), and the columns map one to one onto the Parquet log's columns.
 
+``format="mcap"`` (``run --telemetry-format mcap``): the same rows, rotation and discipline, as ``.mcap``
+files with ROS 2 message schemas (edge/telemetry_mcap.py) for Foxglove, ``ros2 bag`` and ``collect --source
+rosbag``; it needs the ``mcap`` extra.
+
 Disk cap: when the pending files reach ``cap_bytes`` the recorder stops writing and counts the
 dropped rows; nothing is deleted before its upload is confirmed.
 
@@ -27,13 +31,14 @@ in the same run; local files are deleted only after the run is FINISHED.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import time
 import urllib.parse
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import IO, Dict, List, Optional
 
 import numpy as np
 
@@ -54,13 +59,31 @@ def answer_field(answer: object, keys: tuple, pattern: "re.Pattern[str]") -> str
 
 EXPERIMENT = "sim2edge/telemetry"
 SCHEMA_VERSION = 1
+FORMATS = ("npz", "mcap")
+
+
+def _savez(f: IO[bytes], cols: Dict[str, np.ndarray]) -> None:
+    np.savez(f, **cols)
 
 
 class Recorder:
     """Buffers one row per control step; writes a file every ``rows_per_file`` rows (and on close)."""
 
     def __init__(self, root: Path, obs_names: List[str], act_names: List[str], policy_version: str,
-                 device_id: str, rows_per_file: int = 3000, cap_bytes: int = 256 << 20) -> None:
+                 device_id: str, rows_per_file: int = 3000, cap_bytes: int = 256 << 20, format: str = "npz",
+                 joint_names: Optional[List[str]] = None) -> None:
+        """``joint_names``: the ROS joints whose positions then velocities the state holds, where known (MCAP's
+        JointState names them; .npz keeps ``state.<i>``)."""
+        if format not in FORMATS:
+            raise CheckFailed("telemetry", f"format {shown(format)} is not one of {', '.join(FORMATS)}")
+        self.format, self.write = format, _savez
+        if format == "mcap":
+            try:
+                from edge import telemetry_mcap
+            except ImportError as e:
+                raise CheckFailed("telemetry", f"format mcap needs the mcap extra: pip install "
+                                               f"'sim2edge-agent[mcap]' ({e})") from None
+            self.write = functools.partial(telemetry_mcap.write, joint_names=joint_names)
         self.dir = DeviceStore(Path(root)).inside("telemetry", "pending")  # a link there is refused
         self.dir.mkdir(parents=True, exist_ok=True)
         self.obs_names, self.act_names = obs_names, act_names
@@ -91,7 +114,7 @@ class Recorder:
             self.flush()
 
     def pending_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.dir.glob("*.npz"))
+        return sum(p.stat().st_size for p in pending(self.dir))
 
     def flush(self) -> Optional[Path]:
         """Write the buffered rows to a new file (unless over the disk cap); returns its path."""
@@ -114,17 +137,22 @@ class Recorder:
         if self.state is not None:
             cols.update({f"state.{j}": self.state[:n, j].copy() for j in range(self.state.shape[1])})
             self.state[:] = np.nan
-        name = f"{int(time.time() * 1000)}-{self.seq:06d}-v{self.policy_version}.npz"
+        name = f"{int(time.time() * 1000)}-{self.seq:06d}-v{self.policy_version}.{self.format}"
         self.seq += 1
         tmp = self.dir / f".{name}.tmp"
         with open(tmp, "wb") as f:
-            np.savez(f, **cols)
+            self.write(f, cols)
             f.flush()
             os.fsync(f.fileno())
         os.replace(str(tmp), str(self.dir / name))
         fsync_dir(self.dir)
         self.files_written += 1
         return self.dir / name
+
+
+def pending(folder: Path) -> List[Path]:
+    """The telemetry files in ``folder`` (either format), by name."""
+    return sorted(p for fmt in FORMATS for p in folder.glob(f"*.{fmt}"))
 
 
 def read(path: Path) -> Dict[str, np.ndarray]:
@@ -203,7 +231,7 @@ class Uploader:
         """Upload every pending file; returns the run ids finished. ``stop_after`` files: stop early (tests)."""
         finished, sent = [], 0
         while True:
-            files = sorted(self.dir.glob("*.npz"))
+            files = pending(self.dir)
             state = self._state()
             if not state:
                 if not files:

@@ -41,3 +41,37 @@ def test_run_loop_and_bench_on_python38(tmp_path):
     assert json.loads(bench.stdout)["act_p50_us"] > 0
     history = subprocess.run([agent, "history", "--root", str(root)], capture_output=True, text=True, cwd=tmp_path)
     assert history.returncode == 0
+
+
+MCAP_WRITE = """
+import sys, numpy as np
+from pathlib import Path
+from edge.telemetry import Recorder
+r = Recorder(Path(sys.argv[1]), ["a"], ["u"], "1", "dev", rows_per_file=3, format="mcap")
+for i in range(5):
+    r.record(0, i, 1.7e9 + i, np.array([i], np.float32), np.array([i / 2], np.float32), 1e-4, 0.02, 0,
+             np.array([i, -i], np.float32))
+r.flush()
+"""
+
+
+@pytest.mark.device
+def test_mcap_telemetry_written_on_python38_reads_back_here(tmp_path):
+    from mcap.reader import make_reader
+    from mcap_ros2.decoder import DecoderFactory
+
+    from edge.telemetry import pending
+
+    venv = edge_venv("3.8")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", MCAP_WRITE, str(tmp_path)], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    actions, positions = [], []
+    for f in pending(tmp_path / "telemetry" / "pending"):
+        with open(f, "rb") as stream:
+            for _, channel, _, msg in make_reader(stream, decoder_factories=[DecoderFactory()]).iter_decoded_messages():
+                if channel.topic == "/sim2edge/actions":
+                    actions += msg.data
+                elif channel.topic == "/sim2edge/joint_states":
+                    positions += msg.position
+    assert actions == [0.0, 0.5, 1.0, 1.5, 2.0] and positions == [0.0, 1.0, 2.0, 3.0, 4.0]

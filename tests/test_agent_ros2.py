@@ -169,6 +169,30 @@ def test_ros2_float64_array_actions_answer_the_robots_state(tmp_path, ros, monke
     assert {str(d) for c in cols for d in c["device_id"]} == {"arm-3"}
 
 
+def test_ros2_mcap_telemetry_names_the_ros_joints(tmp_path, ros, monkeypatch):
+    """``--telemetry-format mcap`` under ``ros2``: the recorded JointState carries the contract's ROS joint names."""
+    from mcap.reader import make_reader
+    from mcap_ros2.decoder import DecoderFactory
+
+    root = ros_store(tmp_path, monkeypatch)
+    agent = start_agent(root, ros, "--telemetry", "--telemetry-format", "mcap")
+    robot = helper("steady", ros, "--out", str(tmp_path / "steady.json"))
+    try:
+        line = robot.stdout.readline()
+        assert line.startswith("done"), line + robot.stderr.read()
+    finally:
+        robot.wait(timeout=20)
+        agent.send_signal(signal.SIGTERM)
+        agent.communicate(timeout=20)
+    rows = set()
+    for f in sorted((root / "telemetry" / "pending").glob("*.mcap")):
+        with open(f, "rb") as stream:
+            for _, channel, _, msg in make_reader(stream, decoder_factories=[DecoderFactory()]).iter_decoded_messages(
+                    topics=["/sim2edge/joint_states"]):
+                assert list(msg.name) == ["j1", "j2"]
+                rows.add(tuple(np.float32([*msg.position, *msg.velocity])))
+    assert rows == {tuple(np.float32(position + velocity)) for position, velocity in STEADY.values()}
+
 def test_ros2_refuses_a_contract_joint_state_cannot_fill(tmp_path, ros):
     root = bundles.active_store(tmp_path, period_s=PERIOD)  # terms a..e: neither joints nor commands
     r = subprocess.run([AGENT, "ros2", "--root", str(root), "--duration", "1"], capture_output=True, text=True,

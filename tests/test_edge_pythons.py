@@ -48,7 +48,7 @@ def edge_venv(version: str) -> Path:
         build = Path(os.environ.get("TMPDIR", "/tmp")) / f"edge-build-{version}"
         shutil.rmtree(build, ignore_errors=True)
         shutil.copytree(REPO / "edge", build, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
-        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{build}[mqtt]"], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", f"{build}[mqtt,mcap]"], check=True)
         stamp.touch()
     return venv
 
