@@ -25,9 +25,10 @@ def up(
     auth: bool = typer.Option(False, help="Logins: MLflow's basic-auth app (nobody reads without one) and Prefect's "
                                           "API behind the admin login (SIM2EDGE_ADMIN_PASSWORD, or a password "
                                           "generated into the workspace)."),
-    allowed_host: list[str] = typer.Option([], help="A further name MLflow answers to (a proxy's or a DNS alias, "
-                                                    "optionally NAME:PORT; repeat for several). Off loopback it "
-                                                    "already answers to this machine's hostname, FQDN and addresses."),
+    allowed_host: list[str] = typer.Option([], metavar="NAME[:PORT]",
+                                           help="A further name MLflow answers to (a proxy's or a DNS alias; "
+                                                "repeat for several). Off loopback it already answers to this "
+                                                "machine's hostname, FQDN and addresses."),
 ) -> None:
     """Start a Prefect server and an MLflow tracking server for this workspace; Ctrl-C stops both."""
     import signal
