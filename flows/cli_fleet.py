@@ -25,6 +25,10 @@ def up(
     auth: bool = typer.Option(False, help="Logins: MLflow's basic-auth app (nobody reads without one) and Prefect's "
                                           "API behind the admin login (SIM2EDGE_ADMIN_PASSWORD, or a password "
                                           "generated into the workspace)."),
+    allowed_host: list[str] = typer.Option([], metavar="NAME[:PORT]",
+                                           help="A further name MLflow answers to (a proxy's or a DNS alias; "
+                                                "repeat for several). Off loopback it already answers to this "
+                                                "machine's hostname, FQDN and addresses."),
 ) -> None:
     """Start a Prefect server and an MLflow tracking server for this workspace; Ctrl-C stops both."""
     import signal
@@ -41,15 +45,17 @@ def up(
     ws = Workspace.from_env()
     try:
         db = team_database.parse(database) if database else None
-    except team_database.DatabaseError as e:
+        extra_hosts = tuple(services.check_allowed_host(name) for name in allowed_host)
+    except (team_database.DatabaseError, ValueError) as e:
         fail(str(e))
     try:
-        running = services.up(ws, host, prefect_port, mlflow_port, db, auth)
+        running = services.up(ws, host, prefect_port, mlflow_port, db, auth, extra_hosts)
     except services.PortInUse as e:
         fail(str(e))
     except (services.ServiceError, team_database.DatabaseError) as e:
         fail(str(e), code=1)
-    console.print(f"Prefect UI  http://{host}:{prefect_port}\nMLflow UI   http://{host}:{mlflow_port}\n"
+    name = services.advertised_host(host)
+    console.print(f"Prefect UI  http://{name}:{prefect_port}\nMLflow UI   http://{name}:{mlflow_port}\n"
                   f"workspace   {ws.home}\n{f'database    {db.shown}' + chr(10) if db else ''}"
                   f"{logins(ws) if auth else ''}Ctrl-C stops both.", markup=False, highlight=False, soft_wrap=True)
     try:

@@ -1,12 +1,20 @@
 """``sim2edge up``: a Prefect server and an MLflow tracking server on loopback, for one workspace; and the
-check that a Prefect server answers, which ``sim2edge serve`` needs."""
+check that a Prefect server answers, which ``sim2edge serve`` needs.
+
+Bound to another address (``--host 0.0.0.0``), MLflow's DNS-rebinding protection would refuse every request by a
+name it does not know (403 for ``http://<machine>:5000``): the server is told the names this machine answers to
+(:func:`allowed_hosts`), and Prefect's UI is told to call its API by the machine's name, never ``0.0.0.0``."""
 
 from __future__ import annotations
 
+import fcntl
+import ipaddress
 import json
 import os
+import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -79,6 +87,97 @@ def check_ports(host: str, ports: dict[str, int]) -> None:
             raise PortInUse(f"port {port} on {host} is in use{f' ({owner})' if owner else ''}; pass {option}")
 
 
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+HOST_NAME = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9*]([A-Za-z0-9.*-]*[A-Za-z0-9*])?)(:[0-9]{1,5})?")
+"""What ``--allowed-host`` takes: a DNS name or address, ``*`` wildcards inside it, an optional ``:port``."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_allowed_host(name: str) -> str:
+    """``name`` if MLflow can match it against a Host header; ValueError naming it otherwise."""
+    if name.strip("*.:") == "" or not HOST_NAME.fullmatch(name):
+        raise ValueError(f"--allowed-host {name!r}: expected a host name or address, optionally with :PORT "
+                         "(e.g. robots.lab.example or mlflow.lab.example:443)")
+    return name
+
+
+def interface_addresses() -> set[str]:
+    """This machine's IPv4 addresses (one per interface) and global IPv6 addresses; Linux, empty where unreadable."""
+    found = set()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:  # SIOCGIFADDR: the interface's address, in a struct ifreq
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            found.add(socket.inet_ntoa(packed[20:24]))
+    try:
+        rows = Path("/proc/net/if_inet6").read_text().splitlines()
+    except OSError:
+        rows = []
+    found |= {str(ipaddress.IPv6Address(int(f[0], 16))) for f in map(str.split, rows) if f[3] == "00"}  # 00: global
+    return found
+
+
+def machine_fqdn() -> str:
+    """This machine's fully qualified name; its hostname where that resolves to localhost only (Debian's 127.0.1.1)."""
+    name = socket.getfqdn()
+    return socket.gethostname() if name == "localhost" or name.startswith("localhost.") else name
+
+
+def machine_names() -> list[str]:
+    """The hostname, FQDN and addresses that name this machine in a request's Host header (IPv6 in brackets)."""
+    names = [socket.gethostname(), machine_fqdn()]
+    addresses = set(interface_addresses())
+    for name in set(names):
+        try:
+            addresses |= {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
+        except OSError:
+            continue
+    return list(dict.fromkeys([*names, *(f"[{a}]" if ":" in a else a for a in sorted(addresses))]))
+
+
+def advertised_host(host: str) -> str:
+    """The name to give others for a server bound to ``host``: the machine's FQDN for a wildcard bind."""
+    try:
+        return machine_fqdn() if ipaddress.ip_address(host).is_unspecified else host
+    except ValueError:
+        return host
+
+
+def allowed_hosts(host: str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The Host headers MLflow should accept when bound to ``host``: none to pass (its default: loopback and private
+    addresses) on loopback without ``extra``; else loopback, ``host``, this machine's names (off loopback) and
+    ``extra``, each with any port."""
+    if is_loopback(host) and not extra:
+        return []
+    bound = f"[{host}]" if ":" in host else host
+    names = [*LOOPBACK_NAMES, bound, *([] if is_loopback(host) else machine_names()), *extra]
+    patterns = []
+    for name in dict.fromkeys(names):
+        patterns.append(name)
+        if name.endswith("]") or not re.search(r":[0-9]+$", name):  # no port of its own: any port
+            patterns.append(f"{name.replace('[', '[[]', 1)}:*")  # fnmatch: a literal '[' of an IPv6 address
+    return patterns
+
+
+def allowed_origins(host: str, port: int, extra: tuple[str, ...] = ()) -> list[str]:
+    """Origins whose pages (MLflow's own UI, reached by a machine name or ``extra``: a proxy's) may change things:
+    MLflow refuses a state-changing API call from any origin but localhost's otherwise."""
+    if is_loopback(host) and not extra:
+        return []
+    names = [] if is_loopback(host) else [n for n in machine_names() if n not in LOOPBACK_NAMES]
+    return [*(f"http://{n}:{port}" for n in names), *(f"{scheme}://{n}" for n in extra for scheme in ("http", "https"))]
+
+
 def log_tail(log: Path, lines: int = 8) -> str:
     try:
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
@@ -86,14 +185,18 @@ def log_tail(log: Path, lines: int = 8) -> str:
         return ""
 
 
-def mlflow_command(ws: Workspace, host: str, port: int, backend: str | None = None, auth: bool = False) -> list[str]:
+def mlflow_command(ws: Workspace, host: str, port: int, backend: str | None = None, auth: bool = False,
+                   hosts: list[str] | None = None, origins: list[str] | None = None) -> list[str]:
     """MLflow's server on ``backend`` (default: the workspace's SQLite file), artifacts behind its proxy; with
-    ``auth`` its basic-auth app (configured through the environment: :func:`flows.team_auth.prepare`)."""
+    ``auth`` its basic-auth app (configured through the environment: :func:`flows.team_auth.prepare`); ``hosts``
+    and ``origins``: the Host headers and origins it accepts besides its defaults' (:func:`allowed_hosts`)."""
     ws.mlflow_artifacts.mkdir(parents=True, exist_ok=True)
     return [sys.executable, "-m", "mlflow", "server", *(["--app-name", "basic-auth"] if auth else []),
             "--backend-store-uri", backend or f"sqlite:///{ws.mlflow_db}",
             "--artifacts-destination", str(ws.mlflow_artifacts), "--serve-artifacts",
-            "--host", host, "--port", str(port), "--workers", "1"]
+            "--host", host, "--port", str(port), "--workers", "1",
+            *(["--allowed-hosts", ",".join(hosts)] if hosts else []),
+            *(["--cors-allowed-origins", ",".join(origins)] if origins else [])]
 
 
 def prefect_command(host: str, port: int) -> list[str]:
@@ -103,7 +206,7 @@ def prefect_command(host: str, port: int) -> list[str]:
 def start(ws: Workspace, name: str, cmd: list[str], url: str, health: str, log: Path,
           extra_env: dict[str, str] | None = None) -> Service:
     # the UI's browser code calls the API at PREFECT_UI_API_URL (default: port 4200)
-    env = dict(os.environ, PREFECT_HOME=str(ws.prefect_home), PREFECT_UI_API_URL=f"{url}/api", **(extra_env or {}))
+    env = {**os.environ, "PREFECT_HOME": str(ws.prefect_home), "PREFECT_UI_API_URL": f"{url}/api", **(extra_env or {})}
     env.pop("PREFECT_API_URL", None)
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -141,11 +244,11 @@ def stop(services: list[Service], grace_s: float = 8.0) -> None:
 
 
 def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int,
-       database: TeamDatabase | None = None, auth: bool = False) -> list[Service]:
+       database: TeamDatabase | None = None, auth: bool = False, extra_hosts: tuple[str, ...] = ()) -> list[Service]:
     """Start both servers (on SQLite files in the workspace, or on ``database``: PostgreSQL, checked and prepared
-    first; with ``auth`` behind logins, :mod:`flows.team_auth`), wait until healthy, and record their URLs in the
-    workspace; a taken port is refused (:class:`PortInUse`) before anything starts, a server that stops during
-    start-up stops the other."""
+    first; with ``auth`` behind logins, :mod:`flows.team_auth`; MLflow answering this machine's names off loopback,
+    and ``extra_hosts``), wait until healthy, and record their URLs in the workspace; a taken port is refused
+    (:class:`PortInUse`) before anything starts, a server that stops during start-up stops the other."""
     check_ports(host, {"--mlflow-port": mlflow_port, "--prefect-port": prefect_port})
     if database is not None:
         team_database.prepare(database, auth)
@@ -153,7 +256,8 @@ def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int,
     logs.mkdir(parents=True, exist_ok=True)
     ws.prefect_home.mkdir(parents=True, exist_ok=True)
     mlflow_env: dict[str, str] = {}
-    prefect_env = {"PREFECT_API_DATABASE_CONNECTION_URL": database.prefect_url} if database else {}
+    prefect_env = {"PREFECT_UI_API_URL": f"http://{advertised_host(host)}:{prefect_port}/api",
+                   **({"PREFECT_API_DATABASE_CONNECTION_URL": database.prefect_url} if database else {})}
     if auth:
         mlflow_auth, prefect_auth = team_auth.prepare(
             ws.home, database.auth_url if database else f"sqlite:///{ws.mlflow_db.parent / 'auth.db'}")
@@ -161,8 +265,10 @@ def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int,
         prefect_env.update(prefect_auth)
     mlflow_url, prefect_url = f"http://{host}:{mlflow_port}", f"http://{host}:{prefect_port}"
     services = [
-        start(ws, "mlflow", mlflow_command(ws, host, mlflow_port, database and database.mlflow_url, auth), mlflow_url,
-              "/health", logs / "mlflow.log", mlflow_env),
+        start(ws, "mlflow", mlflow_command(ws, host, mlflow_port, database and database.mlflow_url, auth,
+                                           allowed_hosts(host, extra_hosts),
+                                           allowed_origins(host, mlflow_port, extra_hosts)),
+              mlflow_url, "/health", logs / "mlflow.log", mlflow_env),
         start(ws, "prefect", prefect_command(host, prefect_port), prefect_url, "/api/health", logs / "prefect.log",
               prefect_env),
     ]

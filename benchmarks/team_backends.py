@@ -1,0 +1,159 @@
+"""The team stack's tracking server on SQLite against PostgreSQL (issue 35): one MLflow server each (the command of
+``sim2edge up``: one worker, artifacts behind its proxy), on the workspace's SQLite file and on Debian's PostgreSQL
+started here as this process's own server, as tests/test_up_postgres.py does (needs root, to run it as the
+postgres user). N concurrent clients (separate processes) each log runs as a pipeline run does, over MLflow's REST
+API without retries: create the run with its tags, one batch of params and tags, three metrics, finish it.
+
+Prints per backend and N: requests/s, runs/s, p50/p99 latency of a request, the errors (and the first of each
+kind), then PostgreSQL/SQLite ratios measured in the same run.
+
+Run: .venv/bin/python benchmarks/team_backends.py [--clients 1 4 8 --seconds 8]"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flows import services, team_database  # noqa: E402
+from flows.workspace import Workspace  # noqa: E402
+from tests.conftest import free_port  # noqa: E402
+from tests.test_up_postgres import PG_BIN, as_postgres  # noqa: E402
+
+PARAMS = {f"train.param_{i}": str(i) for i in range(12)}
+TAGS = {"sim2edge.stage": "train", "sim2edge.task": "cartpole", "sim2edge.policy": "bench", "sim2edge.git": "0" * 40}
+
+
+def start_postgres(root: Path) -> int:
+    """A PostgreSQL server of this process's own on a loopback port (trust auth, socket in ``root``)."""
+    shutil.chown(root, "postgres", "postgres")
+    port = free_port()
+    for cmd in ([str(PG_BIN / "initdb"), "-D", str(root / "data"), "-A", "trust", "-U", "postgres", "--no-sync"],
+                [str(PG_BIN / "pg_ctl"), "-D", str(root / "data"), "-l", str(root / "server.log"), "-w", "-o",
+                 f"-p {port} -k {root} -c listen_addresses=127.0.0.1", "start"]):
+        done = as_postgres(*cmd)
+        if done.returncode != 0:
+            raise SystemExit(f"postgres: {' '.join(cmd[:1])} failed: {done.stderr.strip()}")
+    return port
+
+
+def one_run(session, api: str, experiment: str, timings: list[float], errors: Counter) -> bool:
+    """A pipeline run's writes; each request's seconds into ``timings``, a failed one's reason into ``errors``."""
+
+    def call(endpoint: str, body: dict) -> dict | None:
+        t0 = time.perf_counter()
+        try:
+            r = session.post(f"{api}/{endpoint}", json=body, timeout=60)
+            ok, reason = r.status_code == 200, f"HTTP {r.status_code}: {r.text[:160]}"
+        except Exception as e:  # noqa: BLE001  (a refused or reset connection is a result here)
+            ok, reason = False, f"{type(e).__name__}: {str(e)[:160]}"
+        timings.append(time.perf_counter() - t0)
+        if not ok:
+            errors[reason] += 1
+            return None
+        return r.json()
+
+    now = int(time.time() * 1000)
+    created = call("runs/create", {"experiment_id": experiment, "start_time": now,
+                                   "tags": [{"key": "sim2edge.run", "value": "bench"}]})
+    if created is None:
+        return False
+    run = created["run"]["info"]["run_id"]
+    steps = [call("runs/log-batch", {"run_id": run, "params": [{"key": k, "value": v} for k, v in PARAMS.items()],
+                                     "tags": [{"key": k, "value": v} for k, v in TAGS.items()]})]
+    steps += [call("runs/log-metric", {"run_id": run, "key": key, "value": 0.5, "timestamp": now, "step": 0})
+              for key in ("train.return", "calibrate.gap", "evaluate.success_rate")]
+    steps.append(call("runs/update", {"run_id": run, "status": "FINISHED", "end_time": int(time.time() * 1000)}))
+    return all(s is not None for s in steps)
+
+
+def client(api: str, experiment: str, start_at: float, seconds: float) -> tuple[int, list[float], Counter, float]:
+    """One client process: runs back to back from ``start_at`` for ``seconds``; (runs completed, timings, errors,
+    when its last run ended)."""
+    import requests
+
+    session, timings, errors, runs = requests.Session(), [], Counter(), 0
+    time.sleep(max(0.0, start_at - time.time()))
+    while time.time() < start_at + seconds:
+        runs += one_run(session, api, experiment, timings, errors)
+    return runs, timings, errors, time.time()
+
+
+def measure(url: str, n: int, seconds: float) -> dict:
+    """``n`` clients against the server at ``url`` for ``seconds``: throughput, latency and errors."""
+    import requests
+
+    api = f"{url}/api/2.0/mlflow"
+    experiment = requests.post(f"{api}/experiments/create", json={"name": f"bench-{n}-{time.time_ns()}"},
+                               timeout=60).json()["experiment_id"]
+    with ProcessPoolExecutor(n) as pool:
+        start_at = time.time() + 2  # every process started and waiting
+        results = list(pool.map(client, [api] * n, [experiment] * n, [start_at] * n, [seconds] * n))
+    timings = sorted(t for _, ts, _, _ in results for t in ts)
+    errors = sum((e for _, _, e, _ in results), Counter())
+    elapsed = max(end for *_, end in results) - start_at  # the last run started in the window is counted whole
+    q = statistics.quantiles(timings, n=100)
+    return {"clients": n, "requests_per_s": round((len(timings) - sum(errors.values())) / elapsed, 1),
+            "runs_per_s": round(sum(r for r, *_ in results) / elapsed, 2), "p50_ms": round(q[49] * 1000, 1),
+            "p99_ms": round(q[98] * 1000, 1), "requests": len(timings), "errors": sum(errors.values()),
+            "first_errors": {k: v for k, v in errors.most_common(3)}}
+
+
+def backend(name: str, ws: Workspace, store: str | None, clients: list[int], seconds: float) -> list[dict]:
+    """Start MLflow as ``sim2edge up`` does on ``store`` (None: the workspace's SQLite), measure each N, stop it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = services.start(ws, "mlflow", services.mlflow_command(ws, "127.0.0.1", port, store), url, "/health",
+                            ws.home / f"mlflow-{name}.log")
+    try:
+        services.wait_healthy([server], timeout_s=180)
+        rows = []
+        for n in clients:
+            rows.append(measure(url, n, seconds))
+            print(f"{name:10s} {json.dumps(rows[-1])}", flush=True)
+        return rows
+    finally:
+        services.stop([server])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per backend and N")
+    args = parser.parse_args()
+    if not (PG_BIN / "initdb").exists():
+        raise SystemExit(f"needs Debian's postgresql 15 ({PG_BIN})")
+    root = Path(tempfile.mkdtemp(prefix="s2e-team-bench-"))
+    root.chmod(0o711)  # the postgres user goes through it to its own folder
+    pg = root / "pg"
+    pg.mkdir()
+    try:
+        pg_port = start_postgres(pg)
+        db = team_database.parse(f"postgresql://postgres@127.0.0.1:{pg_port}/bench")
+        team_database.prepare(db)
+        sqlite = backend("sqlite", Workspace(home=root / "sqlite"), None, args.clients, args.seconds)
+        postgres = backend("postgresql", Workspace(home=root / "postgresql"), db.mlflow_url, args.clients,
+                           args.seconds)
+    finally:
+        as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(pg / "data"), "-m", "fast", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+    print()
+    for s, p in zip(sqlite, postgres):
+        print(f"N={s['clients']}: SQLite {s['requests_per_s']} req/s ({s['runs_per_s']} runs/s), p50 {s['p50_ms']} ms, "
+              f"p99 {s['p99_ms']} ms, {s['errors']} errors | PostgreSQL {p['requests_per_s']} req/s "
+              f"({p['runs_per_s']} runs/s), p50 {p['p50_ms']} ms, p99 {p['p99_ms']} ms, {p['errors']} errors | "
+              f"PostgreSQL/SQLite throughput {p['requests_per_s'] / s['requests_per_s']:.2f}x, "
+              f"p99 {p['p99_ms'] / s['p99_ms']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
