@@ -134,8 +134,8 @@ class ControlLoop:
             samples.append(value)
 
     def stats(self) -> dict:
-        """Counters since start, the runtime serving (name, providers), and act() and wake-up lateness percentiles
-        (µs) over the last window."""
+        """Counters since start, the policy serving (name, version, its graph's sha256 as the signed manifest lists
+        it) and its runtime (name, providers), and act() and wake-up lateness percentiles (µs) over the last window."""
         with self._samples:
             act, late = list(self.act_times), list(self.lateness)
             counts = dict(self.counts)
@@ -145,6 +145,7 @@ class ControlLoop:
 
         m = self.policy.manifest["policy"]
         return dict(counts, policy=m["name"], version=str(m["version"]), period_s=self.period, window=len(act),
+                    graph_sha256=self.policy.manifest["files"]["policy.onnx"]["sha256"],
                     runtime=self.policy.runtime.name, providers=list(self.policy.runtime.providers),
                     watchdog=self.silent >= self.watchdog_periods,
                     uptime_s=round(time.monotonic() - self._started, 3) if self._started else 0.0,

@@ -33,7 +33,7 @@ class AntVelocity(Task):
     name: str = "ant_velocity"
     mjcf: Path = field(default_factory=lambda: gymnasium_mjcf("ant.xml"))
     observations: tuple[Term, ...] = (
-        *(Term(f"base_w{a}", "rad/s", noise=0.02) for a in "xyz"),  # gyro
+        *(Term(f"base_w{a}", "rad/s", noise=0.02, sensor="imu_gyro") for a in "xyz"),  # gyro
         *(Term(f"gravity_{a}", "1", low=-1, high=1) for a in "xyz"),  # unit gravity in the body frame
         Term("command_vx", "m/s", source="command"), Term("command_vy", "m/s", source="command"),
         Term("command_yaw_rate", "rad/s", source="command"),

@@ -30,8 +30,10 @@ def _ci(values: list[float], fmt: str) -> str:
     return f"[{values[0]:{fmt}}, {values[1]:{fmt}}]"
 
 
-def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params, label: str, out: Path) -> None:
-    """Run, print the side-by-side table and the verdict line, write ``out``; exit 1 when the gate fails."""
+def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params, label: str, out: Path,
+                  graph_sha256: Optional[str] = None) -> None:
+    """Run, print the side-by-side table and the verdict line, write ``out``; exit 1 when the gate fails. With
+    ``graph_sha256`` (a bundle's ``policy.onnx``) a device serving another graph is refused."""
     from stages.twin.hil_evaluate import hil_evaluate, load_gate
     from stages.twin.report import write_hil
 
@@ -41,7 +43,7 @@ def run_hil_suite(cfg, gate_file: Optional[Path], onnx: Path, task: str, params,
     except ValueError as e:
         fail(str(e))
     try:
-        report = hil_evaluate(cfg, gate, onnx, task, params)
+        report = hil_evaluate(cfg, gate, onnx, task, params, graph_sha256)
     except (OSError, ValueError) as e:  # a failed device is named; devices serving different policies each
         fail(f"--hil: {e}")
     table = Table("scenario", "success in-proc", "success HIL", "return in-proc (95%)", "return HIL (95%)",

@@ -220,6 +220,7 @@ def evaluate(
         except (CheckFailed, OSError, ValueError) as e:  # the agent's own refusal names the check
             fail(f"--bundle {bundle}: {e}")
         onnx, task, label = work / "bundle" / "policy.onnx", manifest["policy"]["task"], f"bundle {bundle.name}"
+        graph = manifest["files"]["policy.onnx"]["sha256"]
     else:
         from mlflow.tracking import MlflowClient
 
@@ -231,13 +232,13 @@ def evaluate(
             fail(f"{policy}: no such registered version ({e})")
         onnx = lineage.stage_artifact(client, version, "export", "onnx/policy.onnx", work / "onnx")
         twin = twin or lineage.stage_artifact(client, version, "calibrate", "twin/twin.json", work / "twin")
-        task, label = version_task(version), f"{name} v{version.version}"
+        task, label, graph = version_task(version), f"{name} v{version.version}", None
     spec = twin_from_file(twin, task)
     if hil:
         from flows.cli_hil import run_hil_suite
 
         return run_hil_suite(hil_cfg, hil_gate, onnx, task, spec.params, label, out or ws.home / "evaluations" /
-                             f"hil-{time.strftime('%Y%m%d-%H%M%S')}.json")
+                             f"hil-{time.strftime('%Y%m%d-%H%M%S')}.json", graph)
     exported = ExportedPolicy(path=onnx, digest=bundle_format.sha256_path(onnx), task=task, opset=0,
                               parity_max_abs_error=0.0, golden=onnx)
     cfg = EvalConfig(episodes=episodes, seed=seed, suite=suite, video=video)

@@ -10,7 +10,7 @@ from edge.targets import load_target
 from stages.sim.disturbance import Disturbance
 from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
-from stages.twin.calibration_config import CalibrateConfig, SmoothingWindow
+from stages.twin.calibration_config import CalibrateConfig, SensorWeight, SmoothingWindow
 from stages.twin.gate import Check, GateConfig
 from stages.twin.hil_stage import HilSettings
 
@@ -53,6 +53,7 @@ class CalibrateSettings(BaseModel):
     groups: dict[str, tuple[str, ...]] = calibration_field("groups")
     bootstrap: int = calibration_field("bootstrap")
     start_smoothing: Optional[SmoothingWindow] = calibration_field("start_smoothing")
+    sensors: dict[str, SensorWeight] = calibration_field("sensors")
 
 
 class PublishSettings(BaseModel):

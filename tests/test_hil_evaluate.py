@@ -160,3 +160,13 @@ def test_an_unknown_scenario_is_refused_naming_it(served):
 def test_a_silent_device_is_refused_naming_it(served, tmp_path: Path):
     done = evaluate(served, f"unix://{tmp_path}/nobody.sock", "--scenario", "nominal")
     assert done.exit_code == 2 and "nobody.sock" in done.output and "Traceback" not in done.output, done.output
+
+
+def test_a_device_serving_another_bundle_of_the_same_name_and_version_is_refused(served, tmp_path):
+    """Balancer v1 again, but another graph: the device's statistics carry its graph's sha256, so the evaluation
+    host tells the two apart instead of pairing one policy's in-process returns with another's HIL returns."""
+    cartpole_store(tmp_path, k=LATENCY_FRAGILE)
+    done = evaluate((tmp_path / "b.tar", tmp_path / "k.pub", None, served[3]), served[2], "--scenario", "nominal")
+    assert done.exit_code == 2 and "Traceback" not in done.output, done.output
+    assert f"{served[2]} serves balancer v1 (graph " in done.output, done.output
+    assert "not the bundle under evaluation (graph " in done.output, done.output

@@ -150,3 +150,32 @@ def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(own
     with pytest.raises(NonFiniteTraining, match=r"iteration 0: .*task 'cartpole': reward\(\) is inf in env \d+ at "
                                                 r"episode step [1-9]"):
         train(cfg, PhysicalParams(), tmp_path)
+
+
+def test_terms_that_say_they_read_a_sensor_must_read_it(own_task):
+    """``Term.sensor`` lets calibration compare the logs with the sensor's replayed readings; a wrong label is caught."""
+    from stages.sim.quadruped import Quadruped
+
+    terms = Quadruped().observations
+
+    def relabel(sensor_v: str, sensor_w: str, count: int = 3) -> tuple:
+        return (*(Term(t.name, t.unit, noise=t.noise, sensor=sensor_v) for t in terms[:count]),
+                *(Term(t.name, t.unit, noise=t.noise) for t in terms[count:3]),
+                *(Term(t.name, t.unit, noise=t.noise, sensor=sensor_w) for t in terms[3:6]), *terms[6:])
+
+    @dataclass(frozen=True)
+    class Swapped(Quadruped):
+        observations: tuple = relabel("imu_gyro", "imu_velocity")
+
+    @dataclass(frozen=True)
+    class Unknown(Quadruped):
+        observations: tuple = relabel("imu_accelerometer", "imu_gyro")
+
+    @dataclass(frozen=True)
+    class Partial(Quadruped):
+        observations: tuple = relabel("imu_velocity", "imu_gyro", count=2)
+
+    fails(own_task, Swapped, r"observation terms \['base_vx', 'base_vy', 'base_vz'\] say they read sensor 'imu_gyro', "
+                             r"but observe\(\) gives other values")
+    fails(own_task, Unknown, "term 'base_vx' reads sensor 'imu_accelerometer', which is not in the task's sensors")
+    fails(own_task, Partial, "sensor 'imu_velocity' has 3 components but 2 measured observation terms read it")

@@ -34,6 +34,9 @@ class Term:
     delay_steps: int = 0
     """For a measured observation term: this sensor's latency, in control steps (the value observed is the one of
     that many steps before)."""
+    sensor: str = ""
+    """For a measured observation term: the task's MJCF ``<sensor>`` whose reading it is, as read (the terms naming
+    one sensor are its components, in order). Calibration can then put that sensor into its residual."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,23 @@ class Task:
             raise ValueError(f"task {self.name!r}: replayed joint {self.replayed_joints[ids.index(-1)]!r} "
                              f"is not in {self.mjcf.name}")
         return np.array([m.jnt_qposadr[i] for i in ids])
+
+    @cached_property
+    def sensor_terms(self) -> dict[str, np.ndarray]:
+        """Per sensor read verbatim by observation terms (``Term.sensor``): the indices of those terms, in order."""
+        out: dict[str, list[int]] = {}
+        for i, t in enumerate(self.observations):
+            if t.sensor:
+                out.setdefault(t.sensor, []).append(i)
+        for name, terms in out.items():
+            where = self.sensor_slices.get(name)
+            if where is None:
+                raise ValueError(f"task {self.name!r}: observation term {self.observations[terms[0]].name!r} reads "
+                                 f"sensor {name!r}, which is not in the task's sensors {list(self.sensors)}")
+            if len(terms) != where.stop - where.start or any(self.observations[i].source != "measured" for i in terms):
+                raise ValueError(f"task {self.name!r}: sensor {name!r} has {where.stop - where.start} components but "
+                                 f"{len(terms)} measured observation terms read it")
+        return {name: np.array(terms) for name, terms in out.items()}
 
     @cached_property
     def mocap(self) -> tuple[int, np.ndarray] | None:
@@ -317,6 +337,7 @@ class Task:
                                  f"declares no command of that name (commands: {names})")
         self.mocap  # noqa: B018 - resolves the mocap body and its commands
         self.sensor_slices  # noqa: B018 - resolves the sensor names
+        self.sensor_terms  # noqa: B018 - matches terms to sensors
         clash = {t.name for t in self.observations} & {t.name for t in self.privileged}
         if clash:
             raise ValueError(f"task {self.name!r}: term {sorted(clash)[0]!r} is both an observation and privileged")
@@ -368,6 +389,11 @@ class Task:
             t = self.observations[int(np.flatnonzero(outside)[0])]
             raise ValueError(f"task {self.name!r}: observe() gave observation term {t.name!r} outside its bounds "
                              f"[{t.low}, {t.high}] at the initial state")
+        readings = inputs.get("sensor", {})
+        for name, terms in self.sensor_terms.items():
+            if not np.allclose(obs[:, terms], readings[name], rtol=1e-4, atol=1e-5):
+                raise ValueError(f"task {self.name!r}: observation terms {[self.observations[i].name for i in terms]} "
+                                 f"say they read sensor {name!r}, but observe() gives other values at the initial state")
         reward = self.reward(qpos, qvel, np.zeros((n, self.act_dim), dtype=np.float32), **history)
         if np.shape(reward) != (n,):
             raise ValueError(f"task {self.name!r}: reward() gave shape {np.shape(reward)}, expected (N,)")

@@ -131,7 +131,8 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         fitted = joint_search.params(joint_opt.x)
         intervals |= joint_search.named(interval(joint_opt, joint_search.bounds, every, resamples, joint_prior))
     fitted = fitted.model_copy(update={"obs_noise": noise_estimate(replayer, fitted)})
-    before, global_after, after = replayer.errors([prior, global_fit, fitted]).tolist()
+    before, global_after, after = replayer.joint_errors([prior, global_fit, fitted]).tolist()
+    sensors_before, sensors_after = replayer.sensor_errors(prior), replayer.sensor_errors(fitted)
     leftover = misfit(replayer, fitted, cfg.misfit_ratio, cfg.seed)
     if leftover.worst_joints:
         log.warning("%s twin misfit: replay error %.3g is %.1f× the noise floor %.3g, mostly on %s",
@@ -158,6 +159,8 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         "windows": len(replayer.win.start),
         "window_steps": cfg.window,
         "start_smoothing": replayer.win.smoothing,
+        "sensors": {name: {"weight": cfg.sensors[name], "replay_error_before": sensors_before[name],
+                           "replay_error_after": error} for name, error in sensors_after.items()},
     }
     profiles = {standin.profile_of(r) for r in robots}
     truth = standin.hidden_params(task.name, profiles.pop()) if len(profiles) == 1 and None not in profiles else None

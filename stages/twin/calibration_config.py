@@ -13,6 +13,9 @@ def _odd_window(v: int) -> int:
     return v
 
 
+SensorWeight = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A sensor's weight in the calibration residual: a finite positive number."""
+
 SmoothingWindow = Annotated[int, AfterValidator(_odd_window)]
 """A Savitzky-Golay window: 1 (raw) or odd ≥ 5; in the type, so the pipeline's settings check it too."""
 
@@ -40,5 +43,9 @@ class CalibrateConfig(BaseModel):
     start_smoothing: Optional[SmoothingWindow] = Field(None, description="Window (samples, odd) of the quadratic "
                                            "Savitzky-Golay filter over the logged joint states a replay starts from; "
                                            "1: raw; default: the task's (`start_smoothing`: 5 for the quadruped).")
+    sensors: dict[str, SensorWeight] = Field(default_factory=dict, description="Sensors in the residual: {sensor "
+                                             "name: weight}. The replayed reading minus the logged one (the observation "
+                                             "terms that read it, Term.sensor) counts weight × its unit against rad of "
+                                             "joint position; weight = joint noise / sensor noise weighs them alike.")
     seed: int = 0
     nthread: int = 2

@@ -168,13 +168,15 @@ def runtime_of(stats: dict) -> Optional[str]:
 
 
 def served(stats: dict) -> str:
-    """The policy and version a device serves, as its statistics (S2S1) name them."""
-    return f"{stats.get('policy', '?')} v{stats.get('version', '?')}"
+    """The policy, version and graph a device serves, as its statistics (S2S1) name them."""
+    return f"{stats.get('policy', '?')} v{stats.get('version', '?')} (graph {str(stats.get('graph_sha256', '?'))[:12]})"
 
 
-def device_stats(devices: tuple[str, ...]) -> dict[str, dict]:
+def device_stats(devices: tuple[str, ...], graph_sha256: Optional[str] = None) -> dict[str, dict]:
     """Each device's statistics (S2S1), asked concurrently; DeviceFailed naming a device that does not answer, and
-    ValueError naming each device's policy when they do not all serve the same policy version."""
+    ValueError naming each device's policy when they do not all serve the same graph, or not ``graph_sha256`` (the
+    sha256 of the bundle's ``policy.onnx`` under evaluation) when given: two bundles with one name and version are
+    told apart by their graphs."""
     def ask(device: str) -> dict:
         link = DeviceLink(device)
         try:
@@ -192,6 +194,10 @@ def device_stats(devices: tuple[str, ...]) -> dict[str, dict]:
     if len({served(s) for s in stats.values()}) > 1:
         raise ValueError("the devices serve different policies: " + ", ".join(f"{d} serves {served(s)}"
                                                                              for d, s in stats.items()))
+    other = [d for d, s in stats.items() if graph_sha256 and s.get("graph_sha256") != graph_sha256]
+    if other:
+        raise ValueError(f"{other[0]} serves {served(stats[other[0]])}, not the bundle under evaluation "
+                         f"(graph {graph_sha256[:12]})")
     return stats
 
 
@@ -269,13 +275,14 @@ def hil_checks(gate: HilGateConfig, rows: list[dict], rtt_p99_ms: float, period_
 
 
 def hil_evaluate(cfg: HilSuiteConfig, gate: HilGateConfig, onnx: Path, task_ref: str,
-                 params: Optional[PhysicalParams] = None) -> HilReport:
+                 params: Optional[PhysicalParams] = None, graph_sha256: Optional[str] = None) -> HilReport:
     """Each selected scenario in-process and over HIL on the same seeds (sharded across ``cfg.devices``, after each
-    device answered and all serve the same policy version); the HIL gate over the results."""
+    device answered and all serve the same graph: ``graph_sha256``, the bundle's, when given); the HIL gate over the
+    results."""
     task = hil_task(task_ref, cfg.max_steps)
     params = params or task.nominal_params()
     scenarios = cfg.select(task_ref)
-    stats = device_stats(cfg.devices)
+    stats = device_stats(cfg.devices, graph_sha256)
     bases = [in_process(onnx, task_ref, sc, params, cfg) for sc in scenarios]
     rows, diffs, rtts = [], [], []
     for sc, base, parts in zip(scenarios, bases, run_shards(cfg, task_ref, scenarios, params)):

@@ -3,14 +3,17 @@
 Between ``package`` and ``register``. With ``device: local`` the stage is its own bench device: it
 installs the signed bundle into a fresh device store (verified against the workspace's key) and
 serves it with ``sim2edge-agent run`` on loopback for the stage's duration. With an address, the
-device there is assumed to serve the candidate bundle already (a Jetson on the bench); with a list of
+device there must serve the candidate bundle already (a Jetson on the bench; the graph it reports is checked
+against the bundle's); with a list of
 addresses, the suite is sharded across those devices (``hil_evaluate.run_shards``).
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import tarfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional, Union
@@ -91,11 +94,19 @@ def run_hil_stage(cfg: HilSettings, bundle: Path, trusted: Path, onnx: Path, tas
                   seed: int, workdir: Path) -> HilReport:
     """The HIL suite of ``cfg`` against the candidate: on a bench agent (``local``) or on the devices at their
     addresses."""
-    gate = load_gate(cfg.gate_file)
+    gate, graph = load_gate(cfg.gate_file), bundled_graph(bundle)
     if cfg.device != LOCAL:
-        return hil_evaluate(cfg.suite(cfg.devices, seed), gate, onnx, task_ref, params)
+        return hil_evaluate(cfg.suite(cfg.devices, seed), gate, onnx, task_ref, params, graph)
     with bench_device(bundle, trusted, workdir / "device") as address:
-        return hil_evaluate(cfg.suite((address,), seed), gate, onnx, task_ref, params)
+        return hil_evaluate(cfg.suite((address,), seed), gate, onnx, task_ref, params, graph)
+
+
+def bundled_graph(bundle: Path) -> str:
+    """The sha256 of the bundle's ``policy.onnx`` as its manifest lists it: what a device serving it reports."""
+    from edge import bundle as bundles
+
+    with tarfile.open(bundle) as tar:
+        return json.loads(tar.extractfile(bundles.MANIFEST).read())["files"]["policy.onnx"]["sha256"]
 
 
 def hil_metrics(report: HilReport) -> dict[str, float]:

@@ -119,9 +119,10 @@ class JointSearch:
     def prior_weights(self, replayer: Replayer, cfg: CalibrateConfig, noise: float) -> np.ndarray:
         """Per coordinate, the weight of its Gaussian prior in the per-joint objective (0: none): with residuals of std
         ``noise`` (the sensor noise estimate), mse + noise² · |x|² / (prior_width² · n) is the MAP objective, counting
-        n = windows × replayed joints of them as independent (steps within a window are correlated). The
+        n = windows × residuals per step (``Replayer.width``) of them as independent (steps within a window are
+        correlated). The
         log-multipliers (damping, gain, mass) have it; friction has none."""
-        weight = noise**2 / (cfg.prior_width**2 * len(replayer.win.start) * len(replayer.joints))
+        weight = noise**2 / (cfg.prior_width**2 * len(replayer.win.start) * replayer.width)
         n = len(self.units)
         return np.r_[np.full(2 * n, weight), np.zeros(n), np.full(len(self.bodies), weight)]
 
