@@ -18,7 +18,15 @@ plain numeric or unicode array), and the columns map one to one onto the Parquet
 files with ROS 2 message schemas (edge/telemetry_mcap.py) for Foxglove, ``ros2 bag`` and ``collect --source
 rosbag``; it needs the ``mcap`` extra.
 
-Disk cap: when the pending files reach ``cap_bytes`` the recorder stops writing and counts the
+Off the control loop: ``record`` only copies the row into one of ``BUFFERS`` preallocated row buffers; a full
+buffer goes to one writer thread, which builds and writes the file while the loop goes on filling the next.
+When the writer is behind and no buffer is free, ``record`` drops the row and counts it (``rows_dropped``),
+never waiting. A file the writer could not write is counted there too (``write_errors``), and ``flush`` (the
+loop's close: it waits for every file to be fsynced and renamed) raises it, naming the file. The writer shares
+the GIL (and the CPUs): while a 3000-row MCAP file was written, a loop sleeping between steps saw 99.9% of
+``record`` calls under 5 ms, the slowest 1-13 ms, on a loaded 2-core machine (tests/test_agent_telemetry_writer.py).
+
+Disk cap: when the pending files reach ``cap_bytes`` the writer stops writing and counts the
 dropped rows; nothing is deleted before its upload is confirmed.
 
 Upload (the contract of registry/telemetry.py, over REST with the standard library): per policy
@@ -31,14 +39,18 @@ in the same run; local files are deleted only after the run is FINISHED.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import queue
 import re
+import threading
 import time
 import urllib.parse
+from collections import deque
 from pathlib import Path
-from typing import IO, Dict, List, Optional
+from typing import IO, Deque, Dict, List, Optional
 
 import numpy as np
 
@@ -60,14 +72,28 @@ def answer_field(answer: object, keys: tuple, pattern: "re.Pattern[str]") -> str
 EXPERIMENT = "sim2edge/telemetry"
 SCHEMA_VERSION = 1
 FORMATS = ("npz", "mcap")
+BUFFERS = 3  # row buffers: one filling, the others queued for or in the writer thread
 
 
 def _savez(f: IO[bytes], cols: Dict[str, np.ndarray]) -> None:
     np.savez(f, **cols)
 
 
+class Buffer:
+    """One file's rows: filled by the control loop, written by the writer thread, then reused."""
+
+    def __init__(self, rows: int, nobs: int, nact: int) -> None:
+        self.obs = np.zeros((rows, nobs), np.float32)
+        self.act = np.zeros((rows, nact), np.float32)
+        self.scalars = np.zeros((rows, 5), np.float64)  # episode, step, time, inference_ms, loop_ms
+        self.flags = np.zeros(rows, np.uint32)
+        self.state: Optional[np.ndarray] = None  # (rows, nstate), allocated with the first joint state seen
+        self.n = 0
+
+
 class Recorder:
-    """Buffers one row per control step; writes a file every ``rows_per_file`` rows (and on close)."""
+    """Buffers one row per control step; a writer thread writes a file every ``rows_per_file`` rows (and on
+    ``flush``). ``record`` never waits for the disk: with no free buffer, the row is dropped and counted."""
 
     def __init__(self, root: Path, obs_names: List[str], act_names: List[str], policy_version: str,
                  device_id: str, rows_per_file: int = 3000, cap_bytes: int = 256 << 20, format: str = "npz",
@@ -89,65 +115,113 @@ class Recorder:
         self.obs_names, self.act_names = obs_names, act_names
         self.policy_version, self.device_id = policy_version, device_id
         self.rows, self.cap = rows_per_file, cap_bytes
-        self.obs = np.zeros((rows_per_file, len(obs_names)), np.float32)
-        self.act = np.zeros((rows_per_file, len(act_names)), np.float32)
-        self.scalars = np.zeros((rows_per_file, 5), np.float64)  # episode, step, time, inference_ms, loop_ms
-        self.flags = np.zeros(rows_per_file, np.uint32)
-        self.state: Optional[np.ndarray] = None  # (rows, nstate), allocated with the first joint state seen
-        self.n = 0
+        self.free: Deque[Buffer] = deque(Buffer(rows_per_file, len(obs_names), len(act_names)) for _ in range(BUFFERS))
+        self.filling: Optional[Buffer] = self.free.popleft()
+        self.full: "queue.Queue[Buffer]" = queue.Queue()
         self.seq = 0
-        self.files_written = 0
-        self.rows_dropped = 0
+        self.files_written = 0  # the writer thread's counters
+        self.write_errors = 0
+        self.error: Optional[str] = None  # the last write error, until flush raises it
+        self.last: Optional[Path] = None
+        self.dropped_loop = 0  # rows with no free buffer (the loop's)
+        self.dropped_writer = 0  # rows over the disk cap or in a file that failed (the writer's)
+        threading.Thread(target=self._writer, name="sim2edge-telemetry", daemon=True).start()
+
+    @property
+    def rows_dropped(self) -> int:
+        return self.dropped_loop + self.dropped_writer
 
     def record(self, episode: int, step: int, t: float, obs: np.ndarray, act: np.ndarray,
                inference_s: float, loop_s: float, flags: int, state: Optional[np.ndarray] = None) -> None:
-        i = self.n
-        self.obs[i], self.act[i] = obs, act
-        if state is not None and self.state is None:
-            self.state = np.full((self.rows, len(state)), np.nan, np.float32)
-        if self.state is not None:
-            self.state[i] = np.nan if state is None else state
-        self.scalars[i] = (episode, step, t, inference_s * 1e3, loop_s * 1e3)
-        self.flags[i] = flags
-        self.n += 1
-        if self.n == self.rows:
-            self.flush()
+        buf = self.filling
+        if buf is None:
+            try:
+                buf = self.filling = self.free.popleft()
+            except IndexError:  # the writer is behind: drop the row rather than wait
+                self.dropped_loop += 1
+                return
+        i = buf.n
+        buf.obs[i], buf.act[i] = obs, act
+        if state is not None and buf.state is None:
+            buf.state = np.full((self.rows, len(state)), np.nan, np.float32)
+        if buf.state is not None:
+            buf.state[i] = np.nan if state is None else state
+        buf.scalars[i] = (episode, step, t, inference_s * 1e3, loop_s * 1e3)
+        buf.flags[i] = flags
+        buf.n += 1
+        if buf.n == self.rows:
+            self.full.put(buf)
+            self.filling = None
 
     def pending_bytes(self) -> int:
         return sum(p.stat().st_size for p in pending(self.dir))
 
     def flush(self) -> Optional[Path]:
-        """Write the buffered rows to a new file (unless over the disk cap); returns its path."""
-        n, self.n = self.n, 0
-        if n == 0:
-            return None
+        """Hand over the buffered rows and wait until every file is written (fsynced and renamed); returns the
+        last file written. A write error since the last flush is raised here (``CheckFailed``, naming the file)."""
+        if self.filling is not None and self.filling.n:
+            self.full.put(self.filling)
+            self.filling = None
+        self.full.join()
+        error, self.error = self.error, None
+        if error is not None:
+            raise CheckFailed("telemetry", error)
+        return self.last
+
+    def _writer(self) -> None:
+        while True:
+            buf = self.full.get()
+            try:
+                self._write(buf)
+            except Exception as e:  # nothing on this thread would see it: counted, and raised by the next flush
+                self.dropped_writer += buf.n
+                self.write_errors += 1
+                self.error = f"{e} ({buf.n} rows dropped; {self.write_errors} files failed)"
+            finally:
+                buf.n = 0
+                if buf.state is not None:
+                    buf.state[:] = np.nan
+                self.free.append(buf)
+                self.full.task_done()
+
+    def _write(self, buf: Buffer) -> None:
+        """Write one buffer's rows to a new file (unless over the disk cap): temporary name, fsync, rename."""
         if self.pending_bytes() >= self.cap:
-            self.rows_dropped += n
-            return None
-        cols: Dict[str, np.ndarray] = {
-            "schema_version": np.array(SCHEMA_VERSION),
-            "episode": self.scalars[:n, 0].astype(np.int64), "step": self.scalars[:n, 1].astype(np.int64),
-            "time": self.scalars[:n, 2].copy(),
-            "inference_ms": self.scalars[:n, 3].astype(np.float32), "loop_ms": self.scalars[:n, 4].astype(np.float32),
-            "flags": self.flags[:n].copy(),
-            "policy_version": np.array([self.policy_version] * n), "device_id": np.array([self.device_id] * n),
-        }
-        cols.update({f"obs.{name}": self.obs[:n, j].copy() for j, name in enumerate(self.obs_names)})
-        cols.update({f"act.{name}": self.act[:n, j].copy() for j, name in enumerate(self.act_names)})
-        if self.state is not None:
-            cols.update({f"state.{j}": self.state[:n, j].copy() for j in range(self.state.shape[1])})
-            self.state[:] = np.nan
+            self.dropped_writer += buf.n
+            return
         name = f"{int(time.time() * 1000)}-{self.seq:06d}-v{self.policy_version}.{self.format}"
         self.seq += 1
         tmp = self.dir / f".{name}.tmp"
-        with open(tmp, "wb") as f:
-            self.write(f, cols)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(str(tmp), str(self.dir / name))
-        fsync_dir(self.dir)
+        try:
+            with open(tmp, "wb") as f:
+                self.write(f, self._columns(buf))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(str(tmp), str(self.dir / name))
+            fsync_dir(self.dir)
+        except Exception as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise OSError(f"could not write {self.dir / name}: {e}") from e
         self.files_written += 1
-        return self.dir / name
+        self.last = self.dir / name
+
+    def _columns(self, buf: Buffer) -> Dict[str, np.ndarray]:
+        """The file's columns: the module docstring's names, one row per control step."""
+        n = buf.n
+        cols: Dict[str, np.ndarray] = {
+            "schema_version": np.array(SCHEMA_VERSION),
+            "episode": buf.scalars[:n, 0].astype(np.int64), "step": buf.scalars[:n, 1].astype(np.int64),
+            "time": buf.scalars[:n, 2].copy(),
+            "inference_ms": buf.scalars[:n, 3].astype(np.float32), "loop_ms": buf.scalars[:n, 4].astype(np.float32),
+            "flags": buf.flags[:n].copy(),
+            "policy_version": np.array([self.policy_version] * n), "device_id": np.array([self.device_id] * n),
+        }
+        cols.update({f"obs.{name}": buf.obs[:n, j].copy() for j, name in enumerate(self.obs_names)})
+        cols.update({f"act.{name}": buf.act[:n, j].copy() for j, name in enumerate(self.act_names)})
+        if buf.state is not None:
+            cols.update({f"state.{j}": buf.state[:n, j].copy() for j in range(buf.state.shape[1])})
+        return cols
 
 
 def pending(folder: Path) -> List[Path]:

@@ -19,8 +19,8 @@ reader, ``rosbags`` and rclpy's own deserializer) and ``sim2edge collect --sourc
 CDR by hand (``Cdr``, little-endian, XCDR1 alignment; byte-identical to ``rosbags``' serializer, see
 tests/test_agent_mcap.py): ``mcap-ros2-support``'s generic encoder took 1.2 s for a 3000-row file on a loaded
 2-core x86 machine; by hand, with each array topic's constant prefix built once, 0.6 s, mostly ``mcap``'s own
-writer (``.npz``: 20 ms). The flush runs in the control loop, so a smaller ``--telemetry-rows`` shortens the
-stall. The container is the ``mcap`` package (pure Python, with ``zstandard`` and ``lz4`` wheels).
+writer (``.npz``: 20 ms), on the recorder's writer thread, not in the control loop. The container is the
+``mcap`` package (pure Python, with ``zstandard`` and ``lz4`` wheels).
 """
 
 from __future__ import annotations

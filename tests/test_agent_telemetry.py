@@ -78,6 +78,7 @@ def test_recorder_stops_at_the_disk_cap_without_deleting(tmp_path):
     rec = telemetry.Recorder(tmp_path, ["a"], ["u"], "1", "dev", rows_per_file=4, cap_bytes=1)
     for i in range(12):
         rec.record(0, i, float(i), np.array([i], np.float32), np.array([0.0], np.float32), 1e-5, 0.01, 0)
+    rec.flush()  # the files are written on the writer thread
     assert rec.files_written == 1 and rec.rows_dropped == 8
     assert len(list((tmp_path / "telemetry" / "pending").glob("*.npz"))) == 1
 
