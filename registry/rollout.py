@@ -26,10 +26,11 @@ admission order (edge/rollout_plan.py's ``admission_bucket``, a second hash of t
 ``base * (1 + f + … + f^m)`` devices are due, and the plan's ``admitted`` share of the ring is the bucket of the
 first device not yet due among the ring's devices known from their reports (100 once every known one is due). The
 count is exact for known devices; one not yet reported falls in whatever share that is, so a ring whose devices
-have not all reported goes faster than the rate. No known device: nothing is admitted, the ring
-holds (as above). Only admitted devices are judged, each timing out ``ring_timeout_s`` after it was admitted, so
-failures among the first admitted halt the ring before the rest get the version; a ring soaks only once its
-admission reached 100. The share never shrinks. Without a rate every device is admitted when its ring starts."""
+have not all reported goes faster than the rate. No known device: nothing is admitted, the ring holds (as above).
+Only admitted devices are judged, each timing out ``ring_timeout_s`` after it was admitted, so failures among the
+first admitted halt the ring before the rest get the version; a ring soaks only once its admission reached 100. The
+share never shrinks; the rate's clock runs from the ring's start, pauses included. Without a rate every device is
+admitted when its ring starts."""
 
 from __future__ import annotations
 
