@@ -10,9 +10,13 @@ ring takes::
 
 The device finds its own ring from its id and labels (``--device-id``, ``--label``) — the first ring whose
 ``match`` labels it carries and whose cumulative ``percent`` covers its bucket, a stable hash of its id — and
-pulls that ring's version. Advancing a ring, halting it and rolling it back are each one new ``rollout.json``:
-the repository directs, the device decides nothing but its own ring. The file is parsed here strictly (it
-crossed a trust boundary even though TUF signed it): every refusal names the field."""
+pulls that ring's version. A ring under a rollout rate also carries ``admitted``, the share of its devices
+(0-100; absent: 100) sent its version so far: a device of the ring whose admission bucket (a second hash of its id,
+independent of the first) is below it runs the ring's version, any other the plan's ``default``, as a device in no
+ring does (while a ring rolls, ``default`` is the previous version). Advancing a ring, halting it and rolling it
+back are each one new ``rollout.json``: the repository directs, the device decides nothing but its own ring. The
+file is parsed here strictly (it crossed a trust boundary even though TUF signed it): every refusal names the
+field."""
 
 from __future__ import annotations
 
@@ -29,12 +33,14 @@ MAX_RINGS = 32
 
 
 class RingPlan(NamedTuple):
-    """One ring: the labels it takes (all of them), its cumulative share of the fleet, its version now."""
+    """One ring: the labels it takes (all of them), its cumulative share of the fleet, its version now, and the share
+    of its devices (by :func:`admission_bucket`) sent that version so far."""
 
     name: str
     match: Dict[str, str]
     percent: Optional[float]
     version: Optional[Version]
+    admitted: float = 100.0
 
 
 class RolloutPlan(NamedTuple):
@@ -46,6 +52,11 @@ class RolloutPlan(NamedTuple):
 def bucket(device_id: str) -> float:
     """The device's stable place in [0, 100): the first 8 bytes of SHA-256 of its id."""
     return int.from_bytes(hashlib.sha256(device_id.encode()).digest()[:8], "big") / 2 ** 64 * 100
+
+
+def admission_bucket(device_id: str) -> float:
+    """The device's stable place in [0, 100) in its ring's admission order, independent of :func:`bucket`."""
+    return bucket("admission:" + device_id)
 
 
 def ring_of(device_id: str, labels: Mapping[str, str], rings) -> Optional[str]:
@@ -85,23 +96,27 @@ def parse_plan(data: bytes, policy: str) -> RolloutPlan:
         raise CheckFailed("rollout", f"rollout.json field rings must be a list of 1-{MAX_RINGS} rings")
     for i, ring in enumerate(doc["rings"]):
         where = f"rollout.json field rings[{i}]"
-        if not isinstance(ring, dict) or set(ring) != {"name", "match", "percent", "version"}:
-            raise CheckFailed("rollout", f"{where} must hold exactly name, match, percent and version: {shown(ring)}")
-        name, percent = ring["name"], ring["percent"]
+        if not isinstance(ring, dict) or set(ring) - {"admitted"} != {"name", "match", "percent", "version"}:
+            raise CheckFailed("rollout", f"{where} must hold exactly name, match, percent and version "
+                                         f"(and optionally admitted): {shown(ring)}")
+        name, percent, admitted = ring["name"], ring["percent"], ring.get("admitted", 100.0)
         if not isinstance(name, str) or not LABEL.fullmatch(name) or name in seen:
             raise CheckFailed("rollout", f"{where}.name {shown(name)} is not a new ring name [a-z0-9_.-]{{1,63}}")
         if percent is not None and (isinstance(percent, bool) or not isinstance(percent, (int, float))
                                     or not 0 <= percent <= 100):
             raise CheckFailed("rollout", f"{where}.percent {shown(percent)} is not null or a number in [0, 100]")
+        if isinstance(admitted, bool) or not isinstance(admitted, (int, float)) or not 0 <= admitted <= 100:
+            raise CheckFailed("rollout", f"{where}.admitted {shown(admitted)} is not a number in [0, 100]")
         seen.add(name)
         rings.append(RingPlan(name, _labels(ring["match"], f"{where}.match"), percent,
-                              _version(ring["version"], f"{where}.version")))
+                              _version(ring["version"], f"{where}.version"), float(admitted)))
     return RolloutPlan(PolicyName.parse(policy, check="rollout"), rings,
                        _version(doc["default"], "rollout.json field default"))
 
 
 def version_for(plan: RolloutPlan, device_id: str, labels: Mapping[str, str]) -> Optional[Version]:
-    """The version this device runs under ``plan``: its ring's, else the default (None: nothing for it)."""
+    """The version this device runs under ``plan``: its ring's if the ring admitted it, else the default (None:
+    nothing for it)."""
     name = ring_of(device_id, labels, plan.rings)
     ring = next((r for r in plan.rings if r.name == name), None)
-    return ring.version if ring is not None else plan.default
+    return ring.version if ring is not None and admission_bucket(device_id) < ring.admitted else plan.default

@@ -48,6 +48,10 @@ def start(
     min_devices: int = typer.Option(1, help="Devices of a ring that must have executed before it is judged."),
     soak: float = typer.Option(60.0, help="Seconds a ring whose devices all succeeded is watched before the next."),
     ring_timeout: float = typer.Option(900.0, help="Seconds after which a device not on the version timed out."),
+    rate_base: Optional[int] = typer.Option(None, help="Rollout rate: devices of a ring admitted in its first minute "
+                                                       "(1-1000; default: a whole ring at once)."),
+    rate_factor: Optional[float] = typer.Option(None, help="Each minute admits this many times the last (1-5; "
+                                                           "default 1); needs --rate-base."),
     poll: float = typer.Option(30.0, help="Seconds between looks at the fleet."),
     max_polls: Optional[int] = typer.Option(None, help="Return after this many polls (the rollout stays saved)."),
     mqtt_user: str = typer.Option("sim2edge-reader"),
@@ -64,10 +68,14 @@ def start(
     from registry.rollout import RolloutConfig, start as begin, plan
     from registry.tuf_repo import PublishConfig, RepoConfig, publish, published_versions, write_rollout
 
-    ws = Workspace.from_env()
     policy, sep, which = ref.partition("@")
     if not sep or not policy or not which:
         fail(f"{ref!r} must look like <policy>@<alias> or <policy>@<version>")
+    if rate_base is not None and not 1 <= rate_base <= 1000:
+        fail(f"--rate-base {rate_base}: devices per minute, 1-1000")
+    if rate_factor is not None and (rate_base is None or not 1 <= rate_factor <= 5):
+        fail(f"--rate-factor {rate_factor:g}: " + ("needs --rate-base" if rate_base is None else "a factor in 1-5"))
+    ws = Workspace.from_env()
     keys = keys or ws.home / "tuf-keys"
     try:
         spec = _rings(rings)
@@ -77,7 +85,8 @@ def start(
             before = sorted(int(v) for v in published if int(v) < int(version))
             cfg = RolloutConfig(policy=policy, version=version, previous=previous or (str(before[-1]) if before else None),
                                 rings=spec, abort_failed_percent=abort_failed, min_devices=min_devices, soak_s=soak,
-                                ring_timeout_s=ring_timeout)
+                                ring_timeout_s=ring_timeout, rate_base_per_min=rate_base,
+                                rate_increment_factor=rate_factor)
             if version not in published:
                 held = begin(cfg, 0.0).model_copy(update={"status": "aborted"})  # everyone at the previous version
                 if cfg.previous:
@@ -118,9 +127,10 @@ def status(policy: str = typer.Argument(..., help="The policy being rolled out."
         return
     console.print(f"{policy} v{state.config.version} (previous v{state.config.previous or '-'}): {state.status} "
                   f"{state.reason}".rstrip(), soft_wrap=True, markup=False, highlight=False)
-    print_listing(listing(["ring", "status", "devices", "succeeded", "failed", "timed out", "failed devices"],
-                          [[r.name, r.status, str(r.devices), str(r.succeeded), str(r.failed), str(r.timed_out),
-                            ", ".join(r.failed_devices)] for r in state.rings]))
+    print_listing(listing(["ring", "status", "admitted %", "devices", "succeeded", "failed", "timed out",
+                           "failed devices"],
+                          [[r.name, r.status, f"{r.admitted:.3g}", str(r.devices), str(r.succeeded), str(r.failed),
+                            str(r.timed_out), ", ".join(r.failed_devices)] for r in state.rings]))
 
 
 def _command(policy: str, command: str) -> None:

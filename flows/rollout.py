@@ -81,8 +81,9 @@ def publish_plan(params: RolloutParams, state: RolloutState) -> RolloutState:
 
 
 def show(state: RolloutState) -> None:
-    rows = [{"ring": r.name, "status": r.status, "devices": r.devices, "succeeded": r.succeeded, "failed": r.failed,
-             "timed out": r.timed_out, "failed devices": ", ".join(r.failed_devices), "reason": r.reason}
+    rows = [{"ring": r.name, "status": r.status, "admitted %": round(r.admitted, 3), "devices": r.devices,
+             "succeeded": r.succeeded, "failed": r.failed, "timed out": r.timed_out,
+             "failed devices": ", ".join(r.failed_devices), "reason": r.reason}
             for r in state.rings]
     key = "rollout-" + "".join(c if c.isalnum() else "-" for c in state.config.policy.lower())
     create_table_artifact(key=key, table=rows, description=f"{state.config.policy} v{state.config.version}: "

@@ -1,6 +1,7 @@
 """The rollout state machine (registry/rollout.py) on real device reports: rings advance after their soak, a
 ring halts past its failure threshold and only its devices go back, a paused rollout judges nothing, an
-aborted one sends every ring back, and the plan it publishes is what each device then runs."""
+aborted one sends every ring back, and the plan it publishes is what each device then runs. Under a rollout rate
+a ring admits its devices minute by minute and a failure among the first admitted halts it before the rest."""
 
 from __future__ import annotations
 
@@ -122,3 +123,88 @@ def test_a_ring_no_device_reports_in_holds_past_its_soak_and_says_why():
     assert (state.rings[0].status, state.rings[0].soak_started, state.reason) == ("soaking", 1001.0, "")
     state = judge(state, fleet(state, report), 1012.0)
     assert (state.ring, state.rings[0].status) == (1, "passed")
+
+
+ONE_RING = RingSpec.model_validate({"rings": [{"name": "all"}]})
+RATED = CFG.model_copy(update={"rings": ONE_RING, "rate_base_per_min": 2, "rate_increment_factor": 2.0})
+
+
+def on_new(state) -> set[str]:
+    """The devices the published plan sends the new version (through the device's own functions)."""
+    p = parse_plan(json.dumps(plan(state)).encode(), "tiny")
+    return {d for d, labels in DEVICES.items() if version_for(p, d, labels) == "2"}
+
+
+def test_a_rate_admits_devices_exponentially_minute_by_minute_and_the_ring_soaks_only_once_all_are_in():
+    state = start(RATED, 0.0)
+    assert on_new(state) == set() and plan(state)["rings"][0]["admitted"] == 0
+    admitted = []
+    for now in (1.0, 61.0, 121.0, 181.0, 241.0):  # due: 2, 2+4, 2+4+8, 2+4+8+16, then every one of the 60
+        state = judge(state, fleet(state, report), now)
+        assert state.rings[0].status == "rolling" and state.status == "running"
+        admitted.append(on_new(state))
+    assert [len(a) for a in admitted] == [2, 6, 14, 30, 60] and state.rings[0].admitted == 100
+    assert all(a < b for a, b in zip(admitted, admitted[1:]))  # the first admitted stay admitted
+    assert [t for t, _ in state.rings[0].admissions] == [1.0, 61.0, 121.0, 181.0, 241.0]
+    state = judge(state, fleet(state, report), 242.0)
+    assert (state.rings[0].status, state.rings[0].succeeded) == ("soaking", 60)
+    state = judge(state, fleet(state, report), 253.0)
+    assert state.status == "done" and on_new(state) == set(DEVICES)
+    linear = CFG.model_copy(update={"rate_base_per_min": 5})
+    assert [linear.due(t) for t in (0, 59, 60, 600)] == [5, 5, 10, 55]
+    assert RATED.model_copy(update={"rate_increment_factor": 5.0}).due(10 ** 9) == float("inf")
+
+
+def test_failures_among_the_first_admitted_devices_halt_the_ring_and_the_rest_never_get_the_version():
+    ever = set()
+
+    def outcome(device, version):
+        if version != "2":
+            return report(device, version)
+        ever.add(device)
+        return report(device, "1", "rolled-back", last_error={"event": "health-rollback", "version": "2"})
+
+    state = start(RATED.model_copy(update={"rate_base_per_min": 3}), 0.0)
+    state = judge(state, fleet(state, outcome), 1.0)
+    assert len(on_new(state)) == 3 and state.status == "running"
+    state = judge(state, fleet(state, outcome), 61.0)  # the 3 admitted failed: min_devices 3 executed, 100 % bad
+    assert state.status == "halted" and state.rings[0].failed == 3 and "3 of 3 devices" in state.reason
+    assert on_new(state) == set()  # the ring is back on v1
+    for now in (121.0, 600.0):
+        assert judge(state, fleet(state, outcome), now) == state
+    assert len(ever) == 3  # 57 devices of the ring never ran v2
+
+
+def test_under_a_rate_a_device_times_out_counting_from_its_own_admission():
+    state = start(RATED.model_copy(update={"min_devices": 20}), 0.0)
+    stuck = [report(d, "1") for d in DEVICES]  # no device ever moves
+    for now in (1.0, 61.0, 121.0, 150.0):
+        state = judge(state, stuck, now)
+    assert state.rings[0].timed_out == 2 and state.status == "running"  # admitted at 1 s; the 4 of 61 s are pending
+    assert judge(state, stuck, 161.0).rings[0].timed_out == 6
+
+
+def test_a_rate_is_validated_and_without_one_the_plan_is_todays():
+    from pydantic import ValidationError
+
+    assert all("admitted" not in r for r in plan(start(CFG, 0.0))["rings"])
+    for bad in ({"rate_base_per_min": 0}, {"rate_base_per_min": 1001}, {"rate_base_per_min": 5,
+                                                                          "rate_increment_factor": 5.5},
+                {"rate_increment_factor": 2.0}):
+        with pytest.raises(ValidationError):
+            RolloutConfig.model_validate(CFG.model_dump() | bad)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rate-base", "0"], "--rate-base 0: devices per minute, 1-1000"),
+    (["--rate-base", "1001"], "--rate-base 1001: devices per minute, 1-1000"),
+    (["--rate-base", "10", "--rate-factor", "6"], "--rate-factor 6: a factor in 1-5"),
+    (["--rate-factor", "2"], "--rate-factor 2: needs --rate-base"),
+])
+def test_the_cli_refuses_a_bad_rate_in_one_line(args, message):
+    from tests.conftest import run_cli
+
+    done = run_cli("sim2edge", "rollout", "start", "tiny@1", "--repo", "/nonexistent", "--mqtt", "mqtt://127.0.0.1:1",
+                   *args)
+    out = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and out == f"error: {message}", out
