@@ -151,7 +151,8 @@ class ControlLoop:
                     uptime_s=round(time.monotonic() - self._started, 3) if self._started else 0.0,
                     act_p50_us=pct(act, 50), act_p99_us=pct(act, 99), wake_late_p99_us=pct(late, 99),
                     telemetry_files=self.recorder.files_written if self.recorder else 0,
-                    telemetry_rows_dropped=self.recorder.rows_dropped if self.recorder else 0)
+                    telemetry_rows_dropped=self.recorder.rows_dropped if self.recorder else 0,
+                    telemetry_write_errors=self.recorder.write_errors if self.recorder else 0)
 
     def _drain(self) -> Optional[Tuple[bytes, object]]:
         """Read every pending datagram; answer stats requests; return the newest valid observation."""

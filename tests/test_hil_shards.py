@@ -8,6 +8,7 @@ two devices' parts (3 episodes each) split one scenario between them.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -20,7 +21,7 @@ from flows.run_config import resolve
 from stages.twin.hil_link import DeviceLink
 from stages.twin.hil import hil_task
 from stages.twin.hil_evaluate import shards
-from stages.twin.hil_stage import HilSettings, hil_metrics, run_hil_stage
+from stages.twin.hil_stage import HilSettings, bundled_graph, hil_metrics, run_hil_stage
 from tests.test_hil import SEED, cartpole_store, serve, stop
 
 STEPS, EPISODES = 40, 2
@@ -72,7 +73,8 @@ def test_two_devices_share_the_suite_and_merge_to_the_one_device_result(devices,
         assert r2["hil"]["episodes"] == r1["hil"]["episodes"] == EPISODES and r2["hil"]["steps"] == EPISODES * STEPS
         assert sum(len(s["episodes"]) for s in r2["shards"]) == EPISODES
         for s in r2["shards"]:  # each device's own statistics over its part
-            assert s["policy"] == "balancer v1" and s["runtime"] == "onnxruntime (CPUExecutionProvider)"
+            assert s["policy"] == f"balancer v1 (graph {bundled_graph(tmp / 'b.tar')[:12]})", s  # the bundle's graph
+            assert s["runtime"] == "onnxruntime (CPUExecutionProvider)"
             assert s["counters"]["observations"] >= len(s["episodes"]) * STEPS
         assert r2["device"]["observations"] == sum(s["counters"]["observations"] for s in r2["shards"])
         # over a clean loopback an action lands within a substep of in-process's (tests/test_hil.py: within 5%
@@ -132,7 +134,8 @@ def test_devices_serving_different_versions_are_refused_naming_both(devices, tmp
     finally:
         stop(proc)
     assert done.exit_code == 2 and done.output.strip().count("\n") == 0, done.output
-    assert f"{a} serves balancer v1, {other} serves balancer v2" in done.output, done.output
+    assert re.search(rf"{a} serves balancer v1 \(graph [0-9a-f]{{12}}\), {other} serves balancer v2 \(graph "
+                     rf"[0-9a-f]{{12}}\)", done.output), done.output
     assert not (tmp_path / "r.json").exists()
 
 
