@@ -102,7 +102,7 @@ def deploy(
     pool: str = typer.Option("sim2edge-process", help="Process work pool (created if missing)."),
     timezone: str = typer.Option("UTC", help="Timezone of the nightly schedule (IANA name)."),
 ) -> None:
-    """Register both deployments of prefect.yaml on a work pool of the Prefect server (PREFECT_API_URL)."""
+    """Register the deployments of prefect.yaml (sim-to-edge, rollout, nightly-retrain) on a work pool of the Prefect server (PREFECT_API_URL)."""
     ws = Workspace.from_env()
     ws.configure_prefect()
     from flows.deployments import deploy as deploy_all

@@ -1,7 +1,8 @@
-"""The two deployments: ``sim-to-edge`` (manual) and ``nightly-retrain`` (cron, one at a time).
+"""The deployments: ``sim-to-edge`` (manual), ``nightly-retrain`` (cron, one at a time) and ``rollout`` (manual,
+one at a time: a staged rollout of a published version, ring by ring).
 
-``prefect.yaml`` declares the same two for a process work pool (``sim2edge deploy``);
-``serve`` runs both from one process on a single machine (``sim2edge serve``).
+``prefect.yaml`` declares the same three for a process work pool (``sim2edge deploy``);
+``serve`` runs them from one process on a single machine (``sim2edge serve``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Cron
 
 from flows.nightly import nightly_retrain
+from flows.rollout import rollout
 from flows.sim_to_edge import sim_to_edge
 from flows.services import PrefectUnavailable, prefect_api
 
 NIGHTLY_CRON = "0 2 * * *"
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
-"""An overlapping nightly run is cancelled, never queued behind the running one: two cannot both promote."""
+"""An overlapping nightly run is cancelled, never queued behind the running one: two cannot both promote. The same
+for rollouts: a second one started while one runs is cancelled, not left to start by surprise later."""
+ROLLOUT_DESCRIPTION = ("A staged rollout of one published version, ring by ring: halts and rolls back a failing ring; "
+                       "one at a time.")
 
 
 def nightly_description(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> str:
@@ -39,6 +44,8 @@ def deployments(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> list[RunnerD
         nightly_retrain.to_deployment(name="nightly-retrain", schedules=[Cron(cron, timezone=timezone)],
                                       concurrency_limit=ONE_AT_A_TIME, tags=["sim2edge", "nightly"],
                                       description=nightly_description(timezone, cron)),
+        rollout.to_deployment(name="rollout", description=ROLLOUT_DESCRIPTION, concurrency_limit=ONE_AT_A_TIME,
+                              tags=["sim2edge", "fleet"]),
     ]
 
 
@@ -59,7 +66,7 @@ class OneLineDisconnects(logging.Filter):
 
 
 def serve(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> None:
-    """Serve both deployments from this process until interrupted, on the running Prefect server
+    """Serve the deployments from this process until interrupted, on the running Prefect server
     (:func:`flows.services.prefect_api`); if it stops answering meanwhile (``sim2edge up`` stopped),
     the shutdown, which pauses the schedules on it, ends in :class:`flows.services.PrefectUnavailable`."""
     import httpx
@@ -95,14 +102,15 @@ def ensure_process_pool(name: str) -> None:
 
 
 def deploy(pool: str, timezone: str) -> subprocess.CompletedProcess:
-    """Register both deployments of ``prefect.yaml`` on ``pool`` with ``prefect deploy``, one by one
-    (``prefect deploy --all`` ignores ``--pool`` and ``--timezone``); the nightly one's description names the timezone."""
+    """Register the deployments of ``prefect.yaml`` on ``pool`` with ``prefect deploy``, one by one
+    (``prefect deploy --all`` ignores ``--pool`` and ``--timezone``); the nightly one's description names the timezone.
+    Stops at the first that fails and returns its result."""
     ensure_process_pool(pool)
     base = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(REPO / "prefect.yaml"),
             "--pool", pool]
-    out = subprocess.run([*base, "--name", "sim-to-edge"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    if out.returncode != 0:
-        return out
-    return subprocess.run([*base, "--name", "nightly-retrain", "--timezone", timezone,
-                           "--description", nightly_description(timezone)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    for extra in (["--name", "sim-to-edge"], ["--name", "rollout"],
+                  ["--name", "nightly-retrain", "--timezone", timezone, "--description", nightly_description(timezone)]):
+        out = subprocess.run([*base, *extra], cwd=REPO, capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            break
+    return out

@@ -51,34 +51,42 @@ def schema_property(schema, name: str):
     return None
 
 
-def test_deploy_registers_both_with_the_nightly_schedule(prefect_harness, tmp_path):
+def test_deploy_registers_each_with_the_nightly_schedule(prefect_harness, tmp_path):
     env = {"PREFECT_API_URL": PREFECT_API_URL.value(), "SIM2EDGE_HOME": str(tmp_path)}
     out = run_cli("sim2edge", "deploy", "--pool", "test-pool", "--timezone", "Europe/Berlin", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     found = asyncio.run(_deployments())
-    nightly, manual = found["nightly-retrain"], found["sim-to-edge"]
+    nightly, manual, rollout = found["nightly-retrain"], found["sim-to-edge"], found["rollout"]
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "Europe/Berlin"
     assert nightly.description.endswith("every day at 02:00 Europe/Berlin.")  # what the deployment's card shows
     assert nightly.concurrency_limit == 1 or nightly.global_concurrency_limit.limit == 1
     assert nightly.concurrency_options.collision_strategy.value == "CANCEL_NEW"
-    assert nightly.work_pool_name == manual.work_pool_name == "test-pool"
+    assert nightly.work_pool_name == manual.work_pool_name == rollout.work_pool_name == "test-pool"
+    assert rollout.entrypoint == "flows/rollout.py:rollout" and rollout.schedules == []
+    assert rollout.concurrency_options.collision_strategy.value == "CANCEL_NEW"  # never two rollouts at once
     assert manual.schedules == [] and nightly.entrypoint == "flows/nightly.py:nightly_retrain"
     task = schema_property(manual.parameter_openapi_schema, "task")
     assert task["enum"] == names() == ["arm6", "cartpole", "quadruped", "reacher"]  # the form's picker lists the registered tasks
 
 
 def test_served_deployments_match_prefect_yaml():
-    manual, nightly = deployments("Asia/Tokyo")
+    manual, nightly, rollout = deployments("Asia/Tokyo")
     assert manual.name == "sim-to-edge" and not manual.schedules
+    assert rollout.name == "rollout" and not rollout.schedules and rollout.concurrency_limit == 1
+    assert rollout.concurrency_options.collision_strategy == ONE_AT_A_TIME.collision_strategy
     (schedule,) = nightly.schedules
     assert schedule.schedule.cron == "0 2 * * *" and schedule.schedule.timezone == "Asia/Tokyo"
     assert nightly.description.endswith("every day at 02:00 Asia/Tokyo.")
     assert nightly.concurrency_limit == ONE_AT_A_TIME.limit == 1
     assert nightly.concurrency_options.collision_strategy == ONE_AT_A_TIME.collision_strategy
-    (_, custom) = deployments("America/New_York", "30 4 * * 1-5")
+    (_, custom, _) = deployments("America/New_York", "30 4 * * 1-5")
     assert custom.description.endswith("cron 30 4 * * 1-5 (America/New_York).")
     declared = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}
+    assert set(declared) == {d.name for d in deployments()}
+    assert declared["rollout"]["entrypoint"] == "flows/rollout.py:rollout"
+    assert declared["rollout"]["description"] == rollout.description
+    assert declared["rollout"]["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
     ((yaml_schedule,),) = [declared["nightly-retrain"]["schedules"]]
     assert (yaml_schedule["cron"], yaml_schedule["timezone"]) == (NIGHTLY_CRON, "UTC")
     assert declared["nightly-retrain"]["description"] == nightly_description("UTC") == nightly.description.replace(
@@ -147,7 +155,7 @@ def test_stopping_serve_after_its_server_stopped_prints_one_line(tmp_path):
         serve = subprocess.Popen([str(Path(sys.executable).parent / "sim2edge"), "serve"], env=env,
                                  stdout=open(out, "wb"), stderr=open(err, "wb"))
         deadline = time.monotonic() + 180
-        while sorted(d["status"] for d in served_deployments(url)) != ["READY", "READY"]:  # the runner polls both
+        while sorted(d["status"] for d in served_deployments(url)) != ["READY"] * 3:  # the runner polls each
             assert serve.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
             time.sleep(0.5)
     finally:
