@@ -168,6 +168,7 @@ def test_calibration_recovers_hidden_parameters(cartpole_dataset, tmp_path):
     spec = json.loads(twin.path.read_text())
     assert spec["dataset_digest"] == cartpole_dataset.digest and spec["digest"] == twin.digest
     assert spec["standin_truth"]["damping"] == truth.damping and "stand-in" in spec["standin_truth"]["label"]
+    assert spec["weakly_identified"] == []  # the slider's own damping, gain and friction: the logs pin each
     assert (tmp_path / "twin" / "replay.png").stat().st_size > 10_000
 
 

@@ -14,7 +14,7 @@ from stages.sim.registry import load
 from stages.twin.search import FITTED
 from stages.twin.calibrate import CalibrateConfig, calibrate
 from stages.twin.twin_files import twin_from_file
-from stages.twin.intervals import interval, polish, resample
+from stages.twin.intervals import Optimum, interval, polish, prior_dominated, resample
 
 CHEAP = CalibrateConfig(window=10, max_windows=36, generations=16, search_generations=4, max_latency=0,
                         joint_generations=0, bootstrap=200)
@@ -71,3 +71,13 @@ def test_an_unidentifiable_parameter_gets_its_whole_search_range():
     fixed = interval(polish(residuals, np.array([0.0, 0.5]), bounds, free, prior), bounds, free,
                      resample(np.arange(40), 200, 0), prior)
     np.testing.assert_allclose(fixed[0], bounds[0])
+
+
+def test_a_coordinate_its_prior_pins_more_than_the_logs_is_named():
+    """The data's curvature along a coordinate (mean squared Jacobian) against its prior's weight: the first pins
+    coordinate 0, the prior pins coordinate 1, coordinate 2 has no prior (friction), coordinate 3 is not fitted."""
+    jac = np.zeros((3, 4, 5))
+    jac[0], jac[1], jac[2] = 1.0, 1e-3, 1e-6
+    optimum = Optimum(np.zeros(4), np.zeros((4, 5)), jac)
+    flags = prior_dominated(optimum, np.array([True, True, True, False]), np.array([1e-4, 1e-4, 0.0, 1.0]))
+    assert flags.tolist() == [False, True, False, False]

@@ -17,7 +17,8 @@ is identified), with a Gaussian prior of width ``prior_width`` around 1 so a sho
 and its friction, again polished to the optimum. Last, the leftover replay error is compared with
 the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
 misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
-episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range. Beside ``twin.json`` the
+episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range, and a per-joint one the
+logs pin less than its prior does is named ``weakly_identified``. Beside ``twin.json`` the
 identified model is written as ``twin.xml`` (MJCF).
 
 The parts: ``calibration_config`` (the settings), ``replay`` (windows and their batched replay), ``search`` (the
@@ -39,7 +40,7 @@ from stages.artifacts import Dataset, Misfit, TwinSpec, atomic_dir, sha256_json
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.twin.calibration_config import CalibrateConfig
-from stages.twin.intervals import Optimum, interval, polish, resample
+from stages.twin.intervals import Optimum, interval, polish, prior_dominated, resample
 from stages.twin.replay import Replayer, windows
 from stages.twin.search import FITTED, JointSearch, Search, fit_global, fit_joints, max_effort
 from stages.twin.twin_files import plot_replay, write_mjcf
@@ -123,6 +124,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     joint_search = JointSearch(task, global_fit, cfg.groups, bodies)
     resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
     intervals = search.named(interval(global_opt, search.bounds, free, resamples, np.zeros(len(FITTED))))
+    weak: tuple[str, ...] = ()
     if cfg.joint_generations:
         joint_prior, every = joint_search.prior_weights(replayer, cfg, noise), np.ones(len(joint_search.bounds), bool)
         joint_opt = least_squares(replayer, joint_search.params,
@@ -130,6 +132,11 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
                                   joint_search.bounds, every, joint_prior)
         fitted = joint_search.params(joint_opt.x)
         intervals |= joint_search.named(interval(joint_opt, joint_search.bounds, every, resamples, joint_prior))
+        flags = prior_dominated(joint_opt, every, joint_prior)
+        weak = tuple(n for flag, names in zip(flags, joint_search.coordinate_names()) if flag for n in names)
+        if weak:
+            log.warning("%s twin: the logs pin %s less than the prior around the global fit does; their intervals "
+                        "are the prior's width", dataset.task, ", ".join(weak))
     fitted = fitted.model_copy(update={"obs_noise": noise_estimate(replayer, fitted)})
     before, global_after, after = replayer.joint_errors([prior, global_fit, fitted]).tolist()
     sensors_before, sensors_after = replayer.sensor_errors(prior), replayer.sensor_errors(fitted)
@@ -147,6 +154,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         "intervals": intervals,
         "sensitivity": sens,
         "unidentified": list(unidentified),
+        "weakly_identified": list(weak),
         "correlation": {f"{a}~{b}": float(corr[i, j]) for i, a in enumerate(FITTED) for j, b in enumerate(FITTED) if i < j},
         "latency_search": {str(lag): err for lag, (_, err) in searched.items()},
         "dataset_digest": dataset.digest,

@@ -138,3 +138,12 @@ def interval(optimum: Optimum, bounds: np.ndarray, free: np.ndarray, resamples: 
     out[index, 0] = np.clip(np.minimum(lo[finite], x[index]), *bounds[index].T)
     out[index, 1] = np.clip(np.maximum(hi[finite], x[index]), *bounds[index].T)
     return out
+
+
+def prior_dominated(optimum: Optimum, free: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """Per coordinate: whether its prior pins it more than the logs do. Along a free coordinate the data's curvature
+    of the mean squared residual is the mean of its squared Jacobian, the prior's is its weight; where the first is
+    the smaller, the interval is mostly the prior's width, not what the logs showed."""
+    out = np.zeros(len(free), bool)
+    out[np.flatnonzero(free)] = (optimum.jacobian**2).mean(axis=(1, 2)) < prior[free]
+    return out

@@ -106,6 +106,13 @@ class JointSearch:
                      [params.friction_by_joint[j[0]] / self.friction_unit for j in units],
                      [np.log(params.mass_by_body[b]) for b in self.bodies]]
 
+    def coordinate_names(self) -> list[tuple[str, ...]]:
+        """Per search coordinate, the ``<field>.<name>`` parameters it sets (a group's joints share one)."""
+        return ([tuple(f"damping_by_joint.{j}" for j in self.units[u]) for u in self.units]
+                + [tuple(f"gain_by_actuator.{a}" for a in self.actuators[u]) for u in self.units]
+                + [tuple(f"friction_by_joint.{j}" for j in self.units[u]) for u in self.units]
+                + [(f"mass_by_body.{b}",) for b in self.bodies])
+
     def named(self, box: np.ndarray) -> dict[str, tuple[float, float]]:
         """(d, 2) search-space intervals as per-element values (multipliers, friction), by ``<field>.<name>``."""
         n, pair = len(self.units), lambda v: (float(v[0]), float(v[1]))  # noqa: E731
