@@ -107,7 +107,7 @@ def rollout(params: RolloutParams) -> RolloutState:
     while True:
         command = take_command(params.state_dir, cfg.policy)
         if command:
-            state = control(state, command)
+            state = control(state, command, time.time())
         try:
             reports = read_fleet(params.broker, params.fleet, params.mqtt_user, password).devices
         except OSError as e:

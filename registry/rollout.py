@@ -29,8 +29,9 @@ count is exact for known devices; one not yet reported falls in whatever share t
 have not all reported goes faster than the rate. No known device: nothing is admitted, the ring holds (as above).
 Only admitted devices are judged, each timing out ``ring_timeout_s`` after it was admitted, so failures among the
 first admitted halt the ring before the rest get the version; a ring soaks only once its admission reached 100. The
-share never shrinks; the rate's clock runs from the ring's start, pauses included. Without a rate every device is
-admitted when its ring starts."""
+share never shrinks; the rate's clock runs from the ring's start and stops while the rollout is paused (resuming
+moves the ring's start by the pause), so a resume admits no more than the rate would have. Without a rate every
+device is admitted when its ring starts."""
 
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ class RolloutState(BaseModel):
     rings: list[RingProgress]
     reason: str = ""
     published: Optional[dict] = Field(None, description="The last plan written to the repository.")
+    paused_at: Optional[float] = Field(None, description="When the operator paused it (None: not paused).")
 
     @property
     def ended(self) -> bool:
@@ -212,14 +214,20 @@ def judge(state: RolloutState, reports: list[DeviceReport], now: float) -> Rollo
     return state.model_copy(update={"rings": rings, "ring": state.ring + 1})
 
 
-def control(state: RolloutState, command: str) -> RolloutState:
-    """``pause``, ``resume`` or ``abort`` applied (an ended rollout stays as it is)."""
+def control(state: RolloutState, command: str, now: float) -> RolloutState:
+    """``pause``, ``resume`` or ``abort`` applied at ``now`` (an ended rollout stays as it is). Resuming moves the
+    current ring's start by the time it was paused: the rate's clock does not run while paused."""
     if state.ended:
         return state
     if command == "pause":
-        return state.model_copy(update={"status": "paused", "reason": "paused by the operator"})
+        if state.status == "paused":
+            return state
+        return state.model_copy(update={"status": "paused", "reason": "paused by the operator", "paused_at": now})
     if command == "resume":
-        return state.model_copy(update={"status": "running", "reason": ""})
+        rings, ring = list(state.rings), state.rings[state.ring]
+        if state.paused_at is not None and ring.started is not None:
+            rings[state.ring] = ring.model_copy(update={"started": ring.started + max(now - state.paused_at, 0.0)})
+        return state.model_copy(update={"status": "running", "reason": "", "paused_at": None, "rings": rings})
     if command == "abort":
         return state.model_copy(update={"status": "aborted", "reason": "aborted by the operator"})
     raise ValueError(f"rollout command {command!r}: expected pause, resume or abort")

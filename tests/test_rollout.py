@@ -91,15 +91,15 @@ def test_the_threshold_waits_for_min_devices_and_tolerates_failures_below_it():
 
 
 def test_pause_resume_and_abort():
-    state = control(start(CFG, 0.0), "pause")
+    state = control(start(CFG, 0.0), "pause", 1.0)
     assert judge(state, fleet(state, report), 50.0) == state
-    state = judge(control(state, "resume"), fleet(state, report), 51.0)
+    state = judge(control(state, "resume", 50.0), fleet(state, report), 51.0)
     assert state.rings[0].status == "soaking"
-    state = control(state, "abort")
+    state = control(state, "abort", 52.0)
     assert state.status == "aborted" and {r["version"] for r in plan(state)["rings"]} == {"1"}
-    assert control(state, "resume").status == "aborted"
+    assert control(state, "resume", 53.0).status == "aborted"
     with pytest.raises(ValueError, match="expected pause, resume or abort"):
-        control(start(CFG, 0.0), "stop")
+        control(start(CFG, 0.0), "stop", 1.0)
 
 
 def test_a_state_saved_and_loaded_judges_the_same():
@@ -153,6 +153,18 @@ def test_a_rate_admits_devices_exponentially_minute_by_minute_and_the_ring_soaks
     linear = CFG.model_copy(update={"rate_base_per_min": 5})
     assert [linear.due(t) for t in (0, 59, 60, 600)] == [5, 5, 10, 55]
     assert RATED.model_copy(update={"rate_increment_factor": 5.0}).due(10 ** 9) == float("inf")
+
+
+def test_the_rate_clock_stops_while_paused():
+    """Paused ten minutes in the ring's second minute: resuming admits what the second minute admits, not all 60."""
+    state = judge(start(RATED, 0.0), fleet(start(RATED, 0.0), report), 1.0)
+    state = judge(state, fleet(state, report), 61.0)
+    assert len(on_new(state)) == 6
+    state = control(control(state, "pause", 70.0), "pause", 300.0)  # a second pause changes nothing
+    state = judge(control(state, "resume", 670.0), fleet(state, report), 671.0)
+    assert state.rings[0].started == 600.0 and len(on_new(state)) == 6
+    state = judge(state, fleet(state, report), 721.0)  # the ring's third minute, on its own clock
+    assert len(on_new(state)) == 14
 
 
 def test_failures_among_the_first_admitted_devices_halt_the_ring_and_the_rest_never_get_the_version():
