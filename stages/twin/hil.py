@@ -11,12 +11,16 @@ the result equals stepping substep by substep in real time; the next observation
 Episodes use the scenarios, seeds and environment of in-process evaluation (one shard, seed
 ``cfg.seed``): episode i starts from row i's initial state of ``BatchedEnv(task, episodes, seed)``.
 The twin's ``latency_steps`` is set to 0: the device and the link are the latency.
+
+A device silent for ``dead_after_periods`` consecutive periods of an episode (killed, unplugged) stops
+the run at once with ``DeviceFailed``; so does one whose statistics show it restarted during the run.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from typing import Optional
 
@@ -28,7 +32,7 @@ from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.sim.task import Task
-from stages.twin.hil_link import DeviceLink, Phase, align
+from stages.twin.hil_link import Arrival, DeviceFailed, DeviceLink, Phase, align
 from stages.twin.stats import bootstrap_mean, wilson
 from stages.twin.suite import NOMINAL, Scenario
 
@@ -45,6 +49,9 @@ class HilConfig(BaseModel):
     grace_s: float = Field(0.2, ge=0, description="After an episode, wait this long for late actions.")
     rows: tuple[int, ...] = Field((), description="Run only these episodes (rows of the shard, each < episodes; "
                                                   "empty: all), as a device's part of a sharded run.")
+    dead_after_periods: int = Field(25, ge=2, description="Fail the run (DeviceFailed) once no action has arrived for "
+                                    "this many consecutive periods of an episode (25: 0.5 s at 20 ms; a lossy link's "
+                                    "burst stays far shorter: 15% loss each way loses 25 in a row with p ≈ 1e-14).")
 
     @model_validator(mode="after")
     def _rows(self) -> "HilConfig":
@@ -117,6 +124,16 @@ class HilResult(BaseModel):
         return {"p50": float(np.percentile(rtt, 50)), "p99": float(np.percentile(rtt, 99)), "max": float(rtt.max())}
 
 
+class Stopped(Exception):
+    """The run was stopped from outside between two periods (another device of a sharded run failed)."""
+
+
+def restarted(before: dict, after: dict) -> bool:
+    """Whether the device's statistics (S2S1) went back between two reads: its uptime or its observation count."""
+    return after.get("uptime_s", 0) < before.get("uptime_s", 0) or after.get("observations", 0) < before.get(
+        "observations", 0)
+
+
 def hil_task(task_ref: str, max_steps: Optional[int] = None) -> Task:
     """The registered task, its episodes cut to ``max_steps`` when given."""
     task = load(task_ref)
@@ -146,9 +163,10 @@ def substep_actions(current: np.ndarray, changes: list[tuple[int, np.ndarray]],
 
 
 def run_hil(cfg: HilConfig, task_ref: str, scenario: Scenario = Scenario(name=NOMINAL),
-            params: Optional[PhysicalParams] = None) -> HilResult:
+            params: Optional[PhysicalParams] = None, stop: Optional[threading.Event] = None) -> HilResult:
     """``cfg.episodes`` real-time episodes (or its ``rows``) of ``scenario`` around ``params`` with the device at
-    ``cfg.device``."""
+    ``cfg.device``; DeviceFailed naming it, the scenario, episode and step when it falls silent (or restarted),
+    Stopped when ``stop`` is set."""
     task = hil_task(task_ref, cfg.max_steps)
     params = params or task.nominal_params()
     link = DeviceLink(cfg.device)
@@ -160,17 +178,46 @@ def run_hil(cfg: HilConfig, task_ref: str, scenario: Scenario = Scenario(name=NO
             obs = env.reset()[i]
             phase = align(link, obs, task.ctrl_dt, seq, cfg.probes, cfg.lead * task.ctrl_dt)
             seq += cfg.probes
-            episode, seq = _episode(link, env, i, obs, phase, seq, cfg.grace_s)
+            where = f"{cfg.device}: scenario {scenario.name!r}, episode {i}"
+            episode, seq = _episode(link, env, i, obs, phase, seq, cfg.grace_s, _Watch(where, cfg.dead_after_periods,
+                                                                                          stop))
             episodes.append(episode)
         after = link.stats()
     finally:
         link.close()
+    if before is not None and after is not None and restarted(before, after):
+        raise DeviceFailed(f"{cfg.device}: restarted during scenario {scenario.name!r} (uptime {after.get('uptime_s')} "
+                           f"s, {after.get('observations')} observations; before: {before.get('uptime_s')} s, "
+                           f"{before.get('observations')})")
     return HilResult(task=task.name, scenario=scenario.name, period_s=task.ctrl_dt, episodes=tuple(episodes),
                      device_before=before, device_after=after)
 
 
+@dataclasses.dataclass
+class _Watch:
+    """An episode's liveness watch: ``where`` it runs, silence allowed (periods), the outside stop."""
+
+    where: str
+    dead_after: int
+    stop: Optional[threading.Event]
+    silent: int = 0
+    heard: float = 0.0
+
+    def period(self, step: int, arrivals: list[Arrival], now: float) -> None:
+        """Account one period's arrivals; DeviceFailed once silent ``dead_after`` periods, Stopped when stopped."""
+        if arrivals:
+            self.silent, self.heard = 0, arrivals[-1].at
+        else:
+            self.silent += 1
+        if self.silent >= self.dead_after:
+            raise DeviceFailed(f"{self.where}, step {step}: no action for {self.silent} periods "
+                               f"({now - self.heard:.2f} s); the device stopped answering")
+        if self.stop is not None and self.stop.is_set():
+            raise Stopped(f"{self.where}, step {step}: stopped")
+
+
 def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase: Phase, seq: int,
-             grace_s: float) -> tuple[HilEpisode, int]:
+             grace_s: float, watch: _Watch) -> tuple[HilEpisode, int]:
     """Row ``row`` of ``env`` in real time, the other rows idle; returns the episode and the next seq."""
     task, period, substep = env.task, env.task.ctrl_dt, env.task.model.opt.timestep
     idle = np.zeros((env.num_envs, task.decimation, env.nu), np.float32)  # the other rows hold a zero action
@@ -182,6 +229,7 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
     now = time.monotonic()
     start = now + (phase.send_phase_s - now) % period
     link.receive(start)  # stray replies to the probes
+    watch.heard = time.monotonic()
     episode_return, success, fell, steps = 0.0, False, False, 0
 
     def take(arrivals, period_start: float) -> list[tuple[int, np.ndarray]]:
@@ -214,11 +262,14 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
     t, pending = start, []
     for k in range(task.episode_steps):
         # arrivals while waiting for the period to start: the last period is integrated, they apply from now
-        pending += [(0, a) for _, a in take(link.receive(t), t)]
+        early = link.receive(t)
+        pending += [(0, a) for _, a in take(early, t)]
         deadline[seq] = t + period
         link.send_observation(seq, obs)
         # the period's physics is settled once its own action arrived (anything later is older or a copy)
-        changes = pending + take(link.receive(t + period, awaited=seq), t)
+        arrivals = link.receive(t + period, awaited=seq)
+        watch.period(k, early + arrivals, time.monotonic())
+        changes = pending + take(arrivals, t)
         seq, pending = seq + 1, []
         per_substep, current = substep_actions(current, changes, task.decimation)
         substeps = idle.copy()

@@ -32,8 +32,8 @@ from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
 from stages.twin.episodes import run_episodes
 from stages.twin.gate import Check
-from stages.twin.hil import HilConfig, HilResult, hil_task, run_hil
-from stages.twin.hil_link import DeviceLink, parse_address
+from stages.twin.hil import HilConfig, HilResult, Stopped, hil_task, restarted, run_hil
+from stages.twin.hil_link import DeviceFailed, DeviceLink, parse_address
 from stages.twin.stats import bootstrap_mean, wilson
 from stages.twin.suite import Scenario, load_suite, suite_path
 
@@ -140,10 +140,6 @@ def in_process(onnx: Path, task_ref: str, scenario: Scenario, params: PhysicalPa
             "falls": int(e.fell.sum())}
 
 
-class DeviceFailed(OSError):
-    """A device that did not answer or whose link failed; the message starts with its address."""
-
-
 def device_counters(r: HilResult) -> Optional[dict]:
     """How much each of the device's counters grew during the scenario, and its act() timing after it."""
     if r.device_before is None or r.device_after is None:
@@ -216,20 +212,28 @@ def run_shards(cfg: HilSuiteConfig, task_ref: str, scenarios: tuple[Scenario, ..
 
     One thread per device suffices: a device's thread spends its control periods waiting in ``select`` and
     integrating the twin with ``mujoco.rollout``, both outside the GIL, and its own Python work per period is
-    well under a millisecond of a 20 ms period. When one device fails the others stop after their current scenario,
-    and the first failure (in device order) is raised as DeviceFailed naming its address."""
+    well under a millisecond of a 20 ms period. When one device fails (or falls silent mid-episode) the others stop
+    at their next period, and the first failure (in device order) is raised as DeviceFailed naming its address; so is
+    a device whose statistics went back between two scenarios (it restarted)."""
     stop = threading.Event()
 
     def run(device: str, part: list[tuple[int, tuple[int, ...]]]) -> list[tuple[int, HilResult]]:
-        done = []
+        done: list[tuple[int, HilResult]] = []
         try:
             for s, rows in part:
                 if stop.is_set():
                     break
-                done.append((s, run_hil(cfg.hil(device, rows), task_ref, scenarios[s], params)))
+                r = run_hil(cfg.hil(device, rows), task_ref, scenarios[s], params, stop)
+                last = done[-1][1].device_after if done else None
+                if last is not None and r.device_before is not None and restarted(last, r.device_before):
+                    raise DeviceFailed(f"{device}: restarted before scenario {scenarios[s].name!r} (uptime "
+                                       f"{r.device_before.get('uptime_s')} s after {last.get('uptime_s')} s)")
+                done.append((s, r))
+        except Stopped:
+            pass  # another device failed: its failure is raised below
         except Exception as e:
             stop.set()
-            if isinstance(e, OSError):
+            if isinstance(e, OSError) and not isinstance(e, DeviceFailed):
                 raise DeviceFailed(f"{device}: {e}") from None
             raise
         return done

@@ -33,6 +33,11 @@ def parse_address(address: str) -> tuple[int, object]:
     raise ValueError(f"device address {address!r} must be udp://HOST:PORT or unix:///PATH")
 
 
+class DeviceFailed(OSError):
+    """A device that did not answer, fell silent or restarted, or whose link failed; the message starts with its
+    address."""
+
+
 @dataclass(frozen=True)
 class Arrival:
     """One action datagram as the host received it (``at``: host monotonic clock)."""
