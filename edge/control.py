@@ -284,7 +284,8 @@ def recorder_for(root: Path, policy: Policy, telemetry: Optional[dict]) -> Optio
     """The telemetry recorder of ``run`` and ``ros2`` (None: not recording)."""
     if telemetry is None:
         return None
-    return Recorder(root, policy.obs_names, policy.action_names, str(policy.manifest["policy"]["version"]), **telemetry)
+    return Recorder(root, policy.obs_names, policy.action_names, str(policy.manifest["policy"]["version"]),
+                    command_names=policy.command_names, **telemetry)
 
 
 def report_periodically(loop: ControlLoop, root: Path, to: ReportTo) -> threading.Thread:

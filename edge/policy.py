@@ -22,6 +22,7 @@ class Policy:
         io = manifest["io"]
         self.manifest = manifest
         self.obs_names = [t["name"] for t in io["input"]["terms"]]
+        self.command_names = [t["name"] for t in io["input"]["terms"] if t.get("source") == "command"]
         self.action_names = [t["name"] for t in io["output"]["terms"]]
         self.low = np.asarray(io["output"]["low"], dtype=np.float32)
         self.high = np.asarray(io["output"]["high"], dtype=np.float32)

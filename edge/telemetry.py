@@ -3,12 +3,15 @@
 Files: ``<root>/telemetry/pending/<start ms>-<seq>-v<policy version>.npz``, one per
 ``rows_per_file`` control steps, written to a temporary name, fsynced and renamed. Each holds the
 collect log format's columns (stages/logs.py) that the device itself knows, under the same names:
-``episode``, ``step``, ``time``, ``obs.<name>``, ``act.<name>``, ``inference_ms``, ``loop_ms``,
+``episode``, ``step``, ``time``, ``obs.<name>``, ``cmd.<name>``, ``act.<name>``, ``inference_ms``, ``loop_ms``,
 ``policy_version``, ``device_id``, plus ``flags`` (the wire format's action flags) and
-``schema_version``. ``act.<name>`` is what the agent sent: the policy's actuator command (the
-graph scales it; collect derives the log's ``ctrl.*`` and normalized ``act.*`` from it). When the
-robot appends its measured joint state to observations (edge/control.py), it is recorded as
-``state.<i>`` (NaN in rows that came without it); collect splits it into ``qpos.*``/``qvel.*``.
+``schema_version``. ``cmd.<name>`` is an input term the bundle's I/O contract marks ``source: command`` (a
+goal or command the robot's software provides, not a measurement); schema version 2 records it apart, where
+version 1 recorded it as ``obs.<name>`` (collect reads both, and maps it back to the log's ``obs.<name>``).
+``act.<name>`` is what the agent sent: the policy's actuator command (the graph scales it; collect derives the
+log's ``ctrl.*`` and normalized ``act.*`` from it). When the robot appends its measured joint state to
+observations (edge/control.py), it is recorded as ``state.<i>`` (NaN in rows that came without it); collect
+splits it into ``qpos.*``/``qvel.*``.
 
 Why .npz, not Parquet: the agent may depend only on the standard library, numpy, an inference
 runtime and cryptography; numpy writes .npz natively (uncompressed, no pickle: every column is a
@@ -50,7 +53,7 @@ import time
 import urllib.parse
 from collections import deque
 from pathlib import Path
-from typing import IO, Deque, Dict, List, Optional
+from typing import IO, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -70,7 +73,7 @@ def answer_field(answer: object, keys: tuple, pattern: "re.Pattern[str]") -> str
     return value
 
 EXPERIMENT = "sim2edge/telemetry"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: command input terms as cmd.<name>, no longer obs.<name>
 FORMATS = ("npz", "mcap")
 BUFFERS = 3  # row buffers: one filling, the others queued for or in the writer thread
 
@@ -97,9 +100,10 @@ class Recorder:
 
     def __init__(self, root: Path, obs_names: List[str], act_names: List[str], policy_version: str,
                  device_id: str, rows_per_file: int = 3000, cap_bytes: int = 256 << 20, format: str = "npz",
-                 joint_names: Optional[List[str]] = None) -> None:
+                 joint_names: Optional[List[str]] = None, command_names: Sequence[str] = ()) -> None:
         """``joint_names``: the ROS joints whose positions then velocities the state holds, where known (MCAP's
-        JointState names them; .npz keeps ``state.<i>``)."""
+        JointState names them; .npz keeps ``state.<i>``). ``command_names``: the observation terms that are
+        commands (recorded as ``cmd.<name>``)."""
         if format not in FORMATS:
             raise CheckFailed("telemetry", f"format {shown(format)} is not one of {', '.join(FORMATS)}")
         self.format, self.write = format, _savez
@@ -112,7 +116,11 @@ class Recorder:
             self.write = functools.partial(telemetry_mcap.write, joint_names=joint_names)
         self.dir = DeviceStore(Path(root)).inside("telemetry", "pending")  # a link there is refused
         self.dir.mkdir(parents=True, exist_ok=True)
+        unknown = sorted(set(command_names) - set(obs_names))
+        if unknown:
+            raise CheckFailed("telemetry", f"command {shown(unknown[0])} is not an observation term")
         self.obs_names, self.act_names = obs_names, act_names
+        self.obs_columns = [f"{'cmd' if n in command_names else 'obs'}.{n}" for n in obs_names]
         self.policy_version, self.device_id = policy_version, device_id
         self.rows, self.cap = rows_per_file, cap_bytes
         self.free: Deque[Buffer] = deque(Buffer(rows_per_file, len(obs_names), len(act_names)) for _ in range(BUFFERS))
@@ -217,7 +225,7 @@ class Recorder:
             "flags": buf.flags[:n].copy(),
             "policy_version": np.array([self.policy_version] * n), "device_id": np.array([self.device_id] * n),
         }
-        cols.update({f"obs.{name}": buf.obs[:n, j].copy() for j, name in enumerate(self.obs_names)})
+        cols.update({column: buf.obs[:n, j].copy() for j, column in enumerate(self.obs_columns)})
         cols.update({f"act.{name}": buf.act[:n, j].copy() for j, name in enumerate(self.act_names)})
         if buf.state is not None:
             cols.update({f"state.{j}": buf.state[:n, j].copy() for j in range(buf.state.shape[1])})

@@ -11,7 +11,11 @@ reader, ``rosbags`` and rclpy's own deserializer) and ``sim2edge collect --sourc
   whole into ``position`` with no ``velocity``.
 - ``/sim2edge/actions`` ``std_msgs/msg/Float64MultiArray``: ``act.<name>``, the actuator command sent
   (``layout.dim[0].label``: the names, comma-separated).
-- ``/sim2edge/observations`` ``std_msgs/msg/Float64MultiArray``: ``obs.<name>``, the policy's input.
+- ``/sim2edge/observations`` ``std_msgs/msg/Float64MultiArray``: ``obs.<name>``, the policy's measured inputs.
+- ``/sim2edge/commands`` ``std_msgs/msg/Float64MultiArray``: ``cmd.<name>``, the inputs the contract marks
+  ``source: command`` (what the robot was told), kept out of ``/sim2edge/observations`` as .npz keeps them out
+  of ``obs.*``; written only when the contract has commands. The policy's whole input, in contract order, is
+  the two topics' named values.
 - ``/sim2edge/step`` ``std_msgs/msg/Float64MultiArray``: ``episode, step, inference_ms, loop_ms, flags``.
 
 ``policy_version``, ``device_id`` and ``schema_version`` are the MCAP metadata record ``sim2edge``.
@@ -39,8 +43,8 @@ JOINT_STATE = ("sensor_msgs/msg/JointState", "std_msgs/Header header\nstring[] n
 ARRAY = ("std_msgs/msg/Float64MultiArray", f"MultiArrayLayout layout\nfloat64[] data\n"
          f"{SEP}\nMSG: std_msgs/MultiArrayLayout\nMultiArrayDimension[] dim\nuint32 data_offset\n"
          f"{SEP}\nMSG: std_msgs/MultiArrayDimension\nstring label\nuint32 size\nuint32 stride\n")
-JOINT_STATES, ACTIONS, OBSERVATIONS, STEP = "/sim2edge/joint_states", "/sim2edge/actions", "/sim2edge/observations", \
-    "/sim2edge/step"
+JOINT_STATES, ACTIONS, OBSERVATIONS, COMMANDS, STEP = "/sim2edge/joint_states", "/sim2edge/actions", \
+    "/sim2edge/observations", "/sim2edge/commands", "/sim2edge/step"
 STEP_FIELDS = ("episode", "step", "inference_ms", "loop_ms", "flags")
 U32 = struct.Struct("<I")
 
@@ -111,14 +115,16 @@ def write(f: IO[bytes], cols: Dict[str, np.ndarray], joint_names: Optional[List[
     """Write the columns of one telemetry file (edge/telemetry.py's ``flush``: at least one row) to ``f`` as MCAP;
     ``joint_names``: of the state's halves, where known."""
     obs = [k for k in cols if k.startswith("obs.")]
+    cmd = [k for k in cols if k.startswith("cmd.")]
     act = [k for k in cols if k.startswith("act.")]
     state = sorted((k for k in cols if k.startswith("state.")), key=lambda k: int(k[6:]))
     writer = Writer(f)
     writer.start(profile="ros2", library="sim2edge-agent")
     js_schema = writer.register_schema(JOINT_STATE[0], "ros2msg", JOINT_STATE[1].encode())
     array_schema = writer.register_schema(ARRAY[0], "ros2msg", ARRAY[1].encode())
+    topics = (JOINT_STATES, ACTIONS, OBSERVATIONS, *((COMMANDS,) if cmd else ()), STEP)
     channels = {topic: writer.register_channel(topic, "cdr", js_schema if topic == JOINT_STATES else array_schema)
-                for topic in (JOINT_STATES, ACTIONS, OBSERVATIONS, STEP)}
+                for topic in topics}
     writer.add_metadata("sim2edge", {"policy_version": str(cols["policy_version"][0]),
                                      "device_id": str(cols["device_id"][0]),
                                      "schema_version": str(int(cols["schema_version"]))})
@@ -126,6 +132,7 @@ def write(f: IO[bytes], cols: Dict[str, np.ndarray], joint_names: Optional[List[
             for topic, names, columns in (
                 (ACTIONS, [k[4:] for k in act], [cols[k] for k in act]),
                 (OBSERVATIONS, [k[4:] for k in obs], [cols[k] for k in obs]),
+                *(((COMMANDS, [k[4:] for k in cmd], [cols[k] for k in cmd]),) if cmd else ()),
                 (STEP, list(STEP_FIELDS), [cols[k] for k in STEP_FIELDS]))}
     state_v = np.stack([cols[k] for k in state], axis=1) if state else None
     for i, t in enumerate(cols["time"]):

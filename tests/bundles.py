@@ -77,7 +77,8 @@ def io_spec(io: dict, period_s: float, task: str = "cartpole"):
     out = io["output"]
     actions = [ActionTerm(name=t["name"], unit=t["unit"], low=lo, high=hi, default=d)
                for t, lo, hi, d in zip(out["terms"], out["low"], out["high"], out["default"])]
-    return IOSpec(task=task, observations=[ObservationTerm(name=t["name"], unit=t["unit"]) for t in io["input"]["terms"]],
+    return IOSpec(task=task, observations=[ObservationTerm(name=t["name"], unit=t["unit"], source=t.get("source"))
+                                           for t in io["input"]["terms"]],
                   actions=actions, control_period_s=period_s)
 
 
@@ -121,6 +122,9 @@ def make_bundle(out: Path, private_key: Path, files: dict | None = None, pad_byt
 
 TINY_IO = {"input": {"terms": [{"name": n, "unit": "1"} for n in "abcde"]},
            "output": {"terms": [{"name": "u", "unit": "N"}], "low": [-0.5], "high": [0.8], "default": [0.1]}}
+COMMAND_IO = {**TINY_IO, "input": {"terms": [*TINY_IO["input"]["terms"][:3],
+                                             *({"name": n, "unit": "m/s", "source": "command"} for n in "de")]}}
+"""TINY_IO whose last two inputs, ``d`` and ``e``, are commands (``source: command``)."""
 
 
 def signed_gate(tar: Path) -> bool:
@@ -265,12 +269,13 @@ class FaultProxy:
         self.server.server_close()
 
 
-def active_store(tmp_path: Path, period_s: float = 0.02) -> Path:
-    """A device store whose active policy is the tiny bundle with an I/O contract (limits [-0.5, 0.8], default 0.1)."""
+def active_store(tmp_path: Path, period_s: float = 0.02, io: dict = TINY_IO) -> Path:
+    """A device store whose active policy is the tiny bundle with an I/O contract (``io``: TINY_IO, limits
+    [-0.5, 0.8], default 0.1)."""
     from edge.store import DeviceStore
 
     priv, pub = make_keys(tmp_path)
-    make_bundle(tmp_path / "b.tar", priv, io=TINY_IO, period_s=period_s)
+    make_bundle(tmp_path / "b.tar", priv, io=io, period_s=period_s)
     store = DeviceStore(tmp_path / "store")
     staged = store.staging_dir()
     bundle.extract(tmp_path / "b.tar", staged, 1 << 24)

@@ -47,9 +47,9 @@ MCAP_WRITE = """
 import sys, numpy as np
 from pathlib import Path
 from edge.telemetry import Recorder
-r = Recorder(Path(sys.argv[1]), ["a"], ["u"], "1", "dev", rows_per_file=3, format="mcap")
+r = Recorder(Path(sys.argv[1]), ["a", "g"], ["u"], "1", "dev", rows_per_file=3, format="mcap", command_names=["g"])
 for i in range(5):
-    r.record(0, i, 1.7e9 + i, np.array([i], np.float32), np.array([i / 2], np.float32), 1e-4, 0.02, 0,
+    r.record(0, i, 1.7e9 + i, np.array([i, 10 + i], np.float32), np.array([i / 2], np.float32), 1e-4, 0.02, 0,
              np.array([i, -i], np.float32))
 r.flush()
 """
@@ -66,7 +66,7 @@ def test_mcap_telemetry_written_on_python38_reads_back_here(tmp_path):
     out = subprocess.run([str(venv / "bin" / "python"), "-c", MCAP_WRITE, str(tmp_path)], capture_output=True,
                          text=True, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    actions, positions = [], []
+    actions, positions, observations, commands = [], [], [], []
     for f in pending(tmp_path / "telemetry" / "pending"):
         with open(f, "rb") as stream:
             for _, channel, _, msg in make_reader(stream, decoder_factories=[DecoderFactory()]).iter_decoded_messages():
@@ -74,4 +74,9 @@ def test_mcap_telemetry_written_on_python38_reads_back_here(tmp_path):
                     actions += msg.data
                 elif channel.topic == "/sim2edge/joint_states":
                     positions += msg.position
+                elif channel.topic == "/sim2edge/observations":
+                    observations += msg.data
+                elif channel.topic == "/sim2edge/commands":
+                    commands += msg.data
     assert actions == [0.0, 0.5, 1.0, 1.5, 2.0] and positions == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert observations == [0.0, 1.0, 2.0, 3.0, 4.0] and commands == [10.0, 11.0, 12.0, 13.0, 14.0]

@@ -21,7 +21,7 @@ from stages.collect.bag_mapping import load_mapping
 from stages.collect.ingest import ingest_bag
 from stages.collect.store import DatasetStore
 from stages.sim.registry import load
-from tests.bundles import active_store
+from tests.bundles import COMMAND_IO, active_store
 from tests.conftest import run_cli
 from tests.test_agent_run import Client, start
 
@@ -36,9 +36,9 @@ STEPS, ROWS = 25, 10
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """A real agent run paced at the cart-pole's control period: the .mcap files, the joint states and
-    observations sent, and the actions received."""
+    observations sent (the last two are commands, COMMAND_IO), and the actions received."""
     tmp = tmp_path_factory.mktemp("mcap")
-    root = active_store(tmp, period_s=0.005)
+    root = active_store(tmp, period_s=0.005, io=COMMAND_IO)
     proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--telemetry", "--telemetry-format", "mcap",
                           "--telemetry-rows", str(ROWS), "--device-id", "dev-1", "--watchdog-periods", "100000")
     client = Client(address, tmp)
@@ -77,10 +77,15 @@ def test_mcap_files_rotate_and_hold_ros2_schemas_one_message_per_step(recorded):
             for _, channel, _, msg in reader.iter_decoded_messages():
                 per_topic.setdefault(channel.topic, []).append(msg)
     assert {t: len(m) for t, m in per_topic.items()} == {t: STEPS for t in (
-        "/sim2edge/joint_states", "/sim2edge/actions", "/sim2edge/observations", "/sim2edge/step")}
+        "/sim2edge/joint_states", "/sim2edge/actions", "/sim2edge/observations", "/sim2edge/commands",
+        "/sim2edge/step")}
     assert np.array([m.data for m in per_topic["/sim2edge/actions"]]) == pytest.approx(actions, abs=0)
     assert per_topic["/sim2edge/actions"][0].layout.dim[0].label == "u"
-    assert np.array([m.data for m in per_topic["/sim2edge/observations"]]) == pytest.approx(obs, abs=0)
+    # the commands the robot was told are on their own topic, not among the measured observations
+    assert per_topic["/sim2edge/observations"][0].layout.dim[0].label == "a,b,c"
+    assert np.array([m.data for m in per_topic["/sim2edge/observations"]]) == pytest.approx(obs[:, :3], abs=0)
+    assert per_topic["/sim2edge/commands"][0].layout.dim[0].label == "d,e"
+    assert np.array([m.data for m in per_topic["/sim2edge/commands"]]) == pytest.approx(obs[:, 3:], abs=0)
     js = per_topic["/sim2edge/joint_states"]
     assert js[0].name == ["joint_0", "joint_1"]
     assert np.array([[*m.position, *m.velocity] for m in js]) == pytest.approx(states, abs=0)

@@ -19,19 +19,21 @@ from edge import telemetry
 from edge.store import DeviceStore
 from tests.bundles import make_bundle, make_keys, publish
 from tests.conftest import run_cli
-from tests.bundles import active_store
+from tests.bundles import COMMAND_IO, active_store
 from tests.test_agent_run import Client, start
 
 AGENT = str(Path(sys.executable).parent / "sim2edge-agent")
 
 
 def test_run_records_telemetry_and_upload_resumes_and_deletes_only_after_confirmation(mlflow_server, tmp_path):
-    root = active_store(tmp_path, period_s=0.005)
+    root = active_store(tmp_path, period_s=0.005, io=COMMAND_IO)  # inputs d and e are commands
     proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--telemetry", "--telemetry-rows", "10",
                           "--device-id", "dev-1")
     client = Client(address, tmp_path)
+    spread = np.array([0.01, -0.01, 0.0, 0.03, -0.03], np.float32)  # sums to 0: the action stays 0.5 * 5 * i / 100
+    sent = np.arange(25, dtype=np.float32)[:, None] / 100 + spread
     for i in range(25):
-        client.act(i, np.full(5, i / 100, np.float32))
+        client.act(i, sent[i])
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
@@ -42,8 +44,12 @@ def test_run_records_telemetry_and_upload_resumes_and_deletes_only_after_confirm
     steps = np.concatenate([c["step"] for c in cols])
     assert (steps == np.arange(25)).all() and (np.concatenate([c["episode"] for c in cols]) == 0).all()
     first = cols[0]
-    assert set(first) >= {"time", "obs.a", "obs.e", "act.u", "inference_ms", "loop_ms", "flags", "policy_version",
-                          "device_id"}
+    assert int(first["schema_version"]) == telemetry.SCHEMA_VERSION == 2
+    assert set(first) >= {"time", "obs.a", "obs.c", "cmd.d", "cmd.e", "act.u", "inference_ms", "loop_ms", "flags",
+                          "policy_version", "device_id"}
+    assert not {"obs.d", "obs.e"} & set(first), "the commands are recorded among the observations"
+    recorded = {k: np.concatenate([c[k] for c in cols]) for k in ("obs.a", "obs.b", "obs.c", "cmd.d", "cmd.e")}
+    assert np.stack(list(recorded.values()), axis=1) == pytest.approx(sent, abs=0)
     assert first["act.u"] == pytest.approx(np.clip(0.5 * 5 * np.arange(10) / 100, -0.5, 0.8), abs=1e-6)
     assert first["policy_version"][0] == "1" and first["device_id"][0] == "dev-1"
     assert (first["inference_ms"] > 0).all()

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow.tracking import MlflowClient
 
-from edge import bundle, signing
+from edge import bundle, signing, telemetry
 from edge.control import decode_action, encode_observation
 from edge.store import DeviceStore
 from flows.steps import collect_step
@@ -22,6 +22,7 @@ from flows.workspace import Workspace
 from registry.telemetry import upload
 from registry.tracking import standalone
 from stages import logs, standin
+from stages.collect.device_logs import convert
 from stages.collect.ingest import ingest_folder
 from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore
@@ -171,7 +172,7 @@ def test_agent_telemetry_is_uploaded_and_collected_into_the_dataset(mlflow_serve
      "no measured joint state"),
     (lambda c: c.pop("obs.pole_sin"), "obs.pole_sin", "missing"),
     (lambda c: c.update({"obs.extra": c["step"]}), "obs.extra", "not in task 'cartpole'"),
-    (lambda c: c.update({"schema_version": np.array(7)}), "schema_version", "schema version 7 is not 1"),
+    (lambda c: c.update({"schema_version": np.array(7)}), "schema_version", "schema version 7 is not one of 1, 2"),
     (lambda c: c.update({"time": c["time"][:-1]}), "time", "shape"),
     (lambda c: c.update({"step": c["step"] * 2}), "step", "step goes from 0 to 2"),
 ])
@@ -193,3 +194,49 @@ def test_bad_agent_telemetry_names_file_and_field(tmp_path, edit, field, message
     assert "t.npz: " in reasons["t.npz"] and f"'{field}'" in reasons["t.npz"] and message in reasons["t.npz"]
     assert "unreadable or truncated .npz" in reasons["cut.npz"]
     assert report.dataset is None and not list((tmp_path / "ds" / "files").iterdir())
+
+
+def _arm6_telemetry(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    """One v2 file written by the agent's Recorder from arm6's contract (its target_* inputs are commands), and the
+    observations recorded."""
+    task, rng, n = load("arm6"), np.random.default_rng(1), 6
+    names = [o.name for o in task.observations]
+    rec = telemetry.Recorder(tmp_path / "device", names, [a.name for a in task.actions], "3", "dev",
+                             command_names=[o.name for o in task.observations if o.source == "command"])
+    obs = rng.uniform(-0.3, 0.3, size=(n, len(names))).astype(np.float32)
+    for i in range(n):
+        rec.record(0, i, 0.02 * i, obs[i], rng.uniform(-0.2, 0.2, task.act_dim).astype(np.float32), 1e-4, 0.02, 0,
+                   rng.normal(size=task.model.nq + task.model.nv).astype(np.float32))
+    return rec.flush(), obs
+
+
+def test_command_telemetry_v2_and_v1_convert_to_the_same_log(tmp_path):
+    task = load("arm6")
+    v2, obs = _arm6_telemetry(tmp_path)
+    cols = dict(np.load(v2))
+    assert int(cols["schema_version"]) == 2 and {"cmd.target_x", "cmd.target_z"} <= set(cols)
+    assert "obs.target_x" not in cols
+    v1 = tmp_path / "v1.npz"  # the same rows as an agent before schema 2 wrote them: commands among obs.*
+    np.savez(v1, **{**{("obs." + k[4:] if k.startswith("cmd.") else k): v for k, v in cols.items()},
+                    "schema_version": np.array(1)})
+    new, old = (logs.read(convert(p, task, tmp_path / f"{p.stem}.parquet")) for p in (v2, v1))
+    assert new.equals(old)
+    assert np.allclose(logs.columns(new, "obs"), obs) and new.column_names == old.column_names
+
+
+def test_command_fields_that_are_not_the_tasks_commands_are_refused(tmp_path):
+    v2, _ = _arm6_telemetry(tmp_path)
+    cols = dict(np.load(v2))
+    (tmp_path / "up").mkdir()
+    renamed = {**cols, "cmd.goal_w": cols["cmd.target_z"]}
+    del renamed["cmd.target_z"]
+    np.savez(tmp_path / "up" / "renamed.npz", **renamed)
+    measured = {**cols, "obs.target_y": cols["cmd.target_y"]}  # v2 with a command among obs.*
+    del measured["cmd.target_y"]
+    np.savez(tmp_path / "up" / "measured.npz", **measured)
+    report = ingest_folder(DatasetStore(tmp_path / "ds", load("arm6"), "arm6"), tmp_path / "up")
+    reasons = {Path(q.file).name: q.reason for q in report.quarantined}
+    assert "renamed.npz: column 'cmd.goal_w': not a command term of task 'arm6' (its commands: cmd.target_x, " \
+           "cmd.target_y, cmd.target_z)" in reasons["renamed.npz"]
+    assert "measured.npz: column 'cmd.target_y': missing: task 'arm6' observes 'target_y' as a command" in \
+        reasons["measured.npz"]

@@ -3,8 +3,10 @@
 A telemetry file holds what the device saw and did: ``episode``, ``step``, ``time``,
 ``obs.<name>``, ``act.<name>`` (the actuator command it sent), ``inference_ms``, ``loop_ms``,
 ``policy_version``, ``device_id``, ``flags``, and ``state.<i>`` when the robot sent its measured joint
-state with each observation. In the log format: ``ctrl.<i>`` is that command (the task's actuator
-order), ``act.<name>`` the normalized action ``clip((ctrl - default) / scale, -1, 1)``, and
+state with each observation. Schema version 2 records the observation terms the task marks
+``source="command"`` as ``cmd.<name>`` (version 1: ``obs.<name>``); both become the log's ``obs.<name>``, and a
+v2 file whose ``cmd.*`` fields are not the task's commands is refused. In the log format: ``ctrl.<i>`` is that
+command (the task's actuator order), ``act.<name>`` the normalized action ``clip((ctrl - default) / scale, -1, 1)``, and
 ``qpos.*``/``qvel.*`` the joint state split by the task's ``nq``/``nv``. The joint state is required:
 calibration replays it. Errors name the file and the field.
 """
@@ -21,7 +23,7 @@ from stages import logs
 from stages.collect.validate import LogError
 from stages.sim.task import Task
 
-TELEMETRY_SCHEMA_VERSION = 1  # edge.telemetry.SCHEMA_VERSION
+TELEMETRY_SCHEMA_VERSIONS = (1, 2)  # edge.telemetry.SCHEMA_VERSION: 2 records commands as cmd.<name>
 _SCALARS = ("episode", "step", "time", "inference_ms", "loop_ms")
 _EXTRA = ("flags", "schema_version")  # device-only fields that have no log column
 
@@ -39,12 +41,15 @@ def convert(path: Path, task: Task, out: Path) -> Path:
     """Write ``path`` (agent telemetry) as a log-format Parquet file ``out``; :class:`LogError` on bad input."""
     cols = read_npz(path)
     version = cols.get("schema_version")
-    if version is None or version.shape != () or int(version) != TELEMETRY_SCHEMA_VERSION:
-        raise LogError(path, f"telemetry schema version {version} is not {TELEMETRY_SCHEMA_VERSION}",
-                       column="schema_version")
-    obs_names, act_names = [o.name for o in task.observations], [a.name for a in task.actions]
+    if version is None or version.shape != () or int(version) not in TELEMETRY_SCHEMA_VERSIONS:
+        raise LogError(path, f"telemetry schema version {version} is not one of "
+                             f"{', '.join(map(str, TELEMETRY_SCHEMA_VERSIONS))}", column="schema_version")
+    act_names = [a.name for a in task.actions]
+    obs_fields = observation_fields(task, int(version))
+    if int(version) >= 2:
+        _check_commands(path, cols, task, obs_fields)
     m = task.model
-    needed = [*_SCALARS, *(f"obs.{n}" for n in obs_names), *(f"act.{n}" for n in act_names), *logs.STRING_COLUMNS]
+    needed = [*_SCALARS, *obs_fields.values(), *(f"act.{n}" for n in act_names), *logs.STRING_COLUMNS]
     for field in needed:
         if field not in cols:
             raise LogError(path, f"missing; agent telemetry of task {task.name!r} has {', '.join(needed[:6])}, …",
@@ -73,7 +78,7 @@ def convert(path: Path, task: Task, out: Path) -> Path:
     table = {
         "episode": cols["episode"].astype(np.int64), "step": cols["step"].astype(np.int64),
         "time": cols["time"].astype(np.float64),
-        **{f"obs.{n}": cols[f"obs.{n}"].astype(np.float32) for n in obs_names},
+        **{f"obs.{n}": cols[field].astype(np.float32) for n, field in obs_fields.items()},
         **{f"act.{n}": action[:, i].astype(np.float32) for i, n in enumerate(act_names)},
         **{f"ctrl.{i}": ctrl[:, i] for i in range(m.nu)},
         **{f"qpos.{i}": joint[:, i] for i in range(m.nq)},
@@ -83,6 +88,24 @@ def convert(path: Path, task: Task, out: Path) -> Path:
     }
     logs.write(pa.table(table), out)
     return out
+
+
+def observation_fields(task: Task, version: int) -> dict[str, str]:
+    """Each observation term's telemetry field in schema ``version``: ``cmd.<name>`` for a command (from 2)."""
+    return {o.name: f"{'cmd' if version >= 2 and o.source == 'command' else 'obs'}.{o.name}" for o in task.observations}
+
+
+def _check_commands(path: Path, cols: dict[str, np.ndarray], task: Task, obs_fields: dict[str, str]) -> None:
+    """Refuse a v2 file whose ``cmd.*`` fields are not the task's command terms, naming the first that differs."""
+    commands = [f for f in obs_fields.values() if f.startswith("cmd.")]
+    for field in cols:
+        if field.startswith("cmd.") and field not in commands:
+            raise LogError(path, f"not a command term of task {task.name!r} (its commands: "
+                                 f"{', '.join(commands) or 'none'})", column=field)
+    for field in commands:
+        if field not in cols:
+            raise LogError(path, f"missing: task {task.name!r} observes {field[4:]!r} as a command (the bundle's "
+                                 f"I/O contract must mark it source: command)", column=field)
 
 
 def telemetry_field(column: str, task: Task) -> str:
