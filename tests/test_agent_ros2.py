@@ -72,8 +72,7 @@ def ros_store(tmp_path: Path, monkeypatch, period_s: float = PERIOD) -> Path:
     plain = bundles.io_spec
     monkeypatch.setattr(bundles, "io_spec", lambda io, period_s, task="cartpole": plain(io, period_s, task).model_copy(
         update={"observations": tuple(ObservationTerm(**t) for t in io["input"]["terms"])}))
-    monkeypatch.setattr(bundles, "TINY_IO", ROS_IO)
-    return bundles.active_store(tmp_path, period_s=period_s)
+    return bundles.active_store(tmp_path, period_s=period_s, io=ROS_IO)
 
 
 def start_agent(root: Path, env: dict, *args: str) -> subprocess.Popen:
