@@ -24,6 +24,15 @@ def wait_listening(proc: subprocess.Popen, port: int, log: Path | None = None) -
             time.sleep(0.05)
 
 
+def wait_up(up: subprocess.Popen, log: Path, timeout_s: float = 240) -> None:
+    """Until ``sim2edge up`` (``up``, its output in ``log``) says both servers answer; fails with the log's tail if it
+    exits or ``timeout_s`` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while "Ctrl-C stops both" not in log.read_text():
+        assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+
+
 def start_nginx(d: Path, port: int) -> subprocess.Popen:
     """nginx serving ``<d>/www`` on 127.0.0.1:``port``; returns once it listens (stop with :func:`stop_nginx`)."""
     (d / "www").mkdir(parents=True, exist_ok=True)

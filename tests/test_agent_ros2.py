@@ -75,6 +75,20 @@ def ros_store(tmp_path: Path, monkeypatch, period_s: float = PERIOD) -> Path:
     return bundles.active_store(tmp_path, period_s=period_s, io=ROS_IO)
 
 
+def run_steady(root: Path, env: dict, tmp_path: Path, *agent_args: str) -> None:
+    """The agent (``agent_args``) against the ``steady`` robot node until the robot is done (what it heard in
+    ``tmp_path/steady.json``), then stopped."""
+    agent = start_agent(root, env, *agent_args)
+    robot = helper("steady", env, "--out", str(tmp_path / "steady.json"))
+    try:
+        line = robot.stdout.readline()
+        assert line.startswith("done"), line + robot.stderr.read()
+    finally:
+        robot.wait(timeout=20)
+        agent.send_signal(signal.SIGTERM)
+        agent.communicate(timeout=20)
+
+
 def start_agent(root: Path, env: dict, *args: str) -> subprocess.Popen:
     proc = subprocess.Popen([AGENT, "ros2", "--root", str(root), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
@@ -143,15 +157,7 @@ def test_ros2_float64_array_actions_answer_the_robots_state(tmp_path, ros, monke
     from edge.policy import Policy
 
     root = ros_store(tmp_path, monkeypatch)
-    agent = start_agent(root, ros, "--telemetry", "--device-id", "arm-3")
-    robot = helper("steady", ros, "--out", str(tmp_path / "steady.json"))
-    try:
-        line = robot.stdout.readline()
-        assert line.startswith("done"), line + robot.stderr.read()
-    finally:
-        robot.wait(timeout=20)
-        agent.send_signal(signal.SIGTERM)
-        agent.communicate(timeout=20)
+    run_steady(root, ros, tmp_path, "--telemetry", "--device-id", "arm-3")
     policy = Policy.load(root)
     heard = json.loads((tmp_path / "steady.json").read_text())
     for name, (position, velocity) in STEADY.items():
@@ -174,15 +180,7 @@ def test_ros2_mcap_telemetry_names_the_ros_joints(tmp_path, ros, monkeypatch):
     from mcap_ros2.decoder import DecoderFactory
 
     root = ros_store(tmp_path, monkeypatch)
-    agent = start_agent(root, ros, "--telemetry", "--telemetry-format", "mcap")
-    robot = helper("steady", ros, "--out", str(tmp_path / "steady.json"))
-    try:
-        line = robot.stdout.readline()
-        assert line.startswith("done"), line + robot.stderr.read()
-    finally:
-        robot.wait(timeout=20)
-        agent.send_signal(signal.SIGTERM)
-        agent.communicate(timeout=20)
+    run_steady(root, ros, tmp_path, "--telemetry", "--telemetry-format", "mcap")
     rows = set()
     for f in sorted((root / "telemetry" / "pending").glob("*.mcap")):
         with open(f, "rb") as stream:

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.bundles import make_bundle, make_keys, publish
 from tests.conftest import free_port, run_cli
+from tests.servers import wait_up
 from tests.test_up_ports import none_left
 
 LOGIN_VARS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "PREFECT_API_URL",
@@ -55,10 +55,7 @@ def stack(tmp_path_factory):
     try:
         priv, pub = make_keys(tmp)
         make_bundle(tmp / "arm-policy.tar", priv, name="arm-policy")  # while the servers boot
-        deadline = time.monotonic() + 180
-        while "Ctrl-C stops both" not in log.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
+        wait_up(up, log, timeout_s=180)
         password = (home / "auth" / "admin-password").read_text().strip()
         yield (home, f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}", password, log,
                tmp / "arm-policy.tar", pub)

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from flows.services import interface_addresses
 from tests.conftest import free_port, run_cli
+from tests.servers import wait_up
 from tests.test_up_ports import none_left
 
 PROXY = "robots.lab.example"
@@ -49,10 +49,7 @@ def test_up_on_all_interfaces_answers_the_machines_names_and_refuses_others(tmp_
                                "--allowed-host", PROXY], env={**env, "SIM2EDGE_HOME": str(home)},
                               stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops both" not in log.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
+        wait_up(up, log)
         assert "0.0.0.0" not in log.read_text()  # the URLs printed are ones a teammate can open
         search = f"http://127.0.0.1:{mlflow_port}/api/2.0/mlflow/experiments/search?max_results=1"
         name = socket.gethostname()

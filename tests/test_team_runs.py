@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from registry import models
 from tests.conftest import free_port
+from tests.servers import wait_up
 from tests.test_up_postgres import pytestmark as needs_postgres
 from tests.test_up_postgres import postgres, rows  # noqa: F401  (postgres: the fixture)
 from tests.test_up_ports import none_left
@@ -88,10 +88,7 @@ def test_two_runs_at_once_on_the_postgresql_team_stack(postgres, tmp_path):  # n
     config.write_text(TINY)
     (tmp_path / "team_task.py").write_text(TASK)
     try:
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops both" not in log.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
+        wait_up(up, log)
         runs = {}
         for who in ("alice", "bob"):
             home = tmp_path / who

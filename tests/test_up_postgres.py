@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import free_port, run_cli
+from tests.servers import wait_up
 from tests.test_up_ports import none_left
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -71,10 +71,7 @@ def test_up_on_postgresql_keeps_mlflow_and_prefect_there(postgres, tmp_path, mon
                               env={**env, "SIM2EDGE_HOME": str(home), "SIM2EDGE_ADMIN_PASSWORD": password},
                               stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 240
-        while "Ctrl-C stops both" not in log.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
+        wait_up(up, log)
         assert f"database    postgresql://postgres@127.0.0.1:{postgres}/team" in log.read_text()
         client = MlflowClient(f"http://127.0.0.1:{mlflow_port}")
         client.create_registered_model("team-policy", tags={"sim2edge.test": "postgres"})
