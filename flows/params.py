@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from edge.targets import load_target
 from stages.sim.disturbance import Disturbance
@@ -114,6 +114,13 @@ class PipelineParams(BaseModel):
         except KeyError as e:
             raise ValueError(str(e).strip('"')) from None
         return v
+
+    @model_validator(mode="after")
+    def _sensors_the_task_reads(self) -> "PipelineParams":
+        unread = load(self.task).unread_sensors(self.calibrate.sensors)
+        if unread:
+            raise ValueError(f"calibrate.sensors: {unread[0]}")
+        return self
 
 
 class SimToEdgeParams(PipelineParams):

@@ -71,10 +71,12 @@ def allowed_keys(model: type[BaseModel], loc: Sequence[Any]) -> list[str]:
 def explain(e: ValidationError, source: str) -> RunConfigError:
     """The first validation error as one line: where, which key, what is wrong, what is allowed."""
     err = e.errors()[0]
-    key = ".".join(map(str, err["loc"])) or "(top level)"
+    key = ".".join(map(str, err["loc"]))
     if err["type"] == "extra_forbidden":
         return RunConfigError(f"{source}: {key}: not a key here; allowed: "
                               f"{', '.join(allowed_keys(SimToEdgeParams, err['loc']))}")
+    if not err["loc"]:  # a check across keys (a model validator) names its keys itself
+        return RunConfigError(f"{source}: {err['msg'].removeprefix('Value error, ')}")
     return RunConfigError(f"{source}: {key}: {err['msg']} (got {err.get('input')!r})")
 
 
@@ -105,7 +107,7 @@ def resolve(task: Optional[str], config: Optional[Path], sets: Sequence[str], op
     for name, layer in ([(str(preset), read_yaml(preset))] if preset else []) + layers:
         data = merge(data, layer)
         try:
-            SimToEdgeParams.model_validate(data)
+            SimToEdgeParams.model_validate({**data, "task": chosen})  # cross-key checks see the run's task
         except ValidationError as e:
             raise explain(e, name) from None
     return SimToEdgeParams.model_validate({**data, "task": chosen})

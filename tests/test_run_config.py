@@ -37,6 +37,12 @@ def test_layers_apply_in_order_preset_file_set_options(tmp_path):
     assert resolve("reacher", cfg, [], {}).train.gamma == 0.9  # and brings its own preset
 
 
+def test_a_sensor_in_the_file_is_checked_against_the_task_the_command_line_names(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("calibrate:\n  sensors: {imu_gyro: 0.05}\n")  # no task in the file: cartpole reads no IMU
+    assert resolve("quadruped", cfg, [], {}).calibrate.sensors == {"imu_gyro": 0.05}
+
+
 @pytest.mark.parametrize("text,sets,message", [
     ("train:\n  learnin_rate: 1\n", [], r"run.yaml: train.learnin_rate: not a key here; allowed: steps_per_env, "
                                         r"hidden_dims, learning_rate, entropy_coef, gamma, gae_lambda, init_noise_std, "
@@ -48,6 +54,11 @@ def test_layers_apply_in_order_preset_file_set_options(tmp_path):
     ("", ["train.gamma=2"], r"--set train.gamma=2: train.gamma: Input should be less than or equal to 1 \(got 2\)$"),
     ("", ["learning_rate"], r"--set 'learning_rate': write KEY=VALUE"),
     ("task: nosuch\n", [], r"task: unknown task 'nosuch'; valid tasks: arm6, cartpole, quadruped, reacher"),
+    ("task: quadruped\ncalibrate:\n  sensors: {imu_gyro: 0.05, imu_gyr: 0.05}\n", [],
+     r"run.yaml: calibrate.sensors: task 'quadruped' has no observation terms that read sensor 'imu_gyr' "
+     r"\(Term.sensor\); these do: \['imu_gyro', 'imu_velocity'\]$"),
+    ("calibrate:\n  sensors: {imu_gyro: 0.05}\n", [], r"run.yaml: calibrate.sensors: task 'cartpole' has no "
+                                                       r"observation terms that read sensor 'imu_gyro'.*none$"),
 ])
 def test_a_mistake_is_one_line_naming_the_file_and_key(tmp_path, text, sets, message):
     cfg = tmp_path / "run.yaml"

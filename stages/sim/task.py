@@ -135,6 +135,12 @@ class Task:
                                  f"{len(terms)} measured observation terms read it")
         return {name: np.array(terms) for name, terms in out.items()}
 
+    def unread_sensors(self, names) -> list[str]:
+        """The names among ``names`` that no observation term reads verbatim (``Term.sensor``), each as one line."""
+        known = self.sensor_terms
+        return [f"task {self.name!r} has no observation terms that read sensor {n!r} (Term.sensor); these do: "
+                f"{sorted(known) or 'none'}" for n in names if n not in known]
+
     @cached_property
     def mocap(self) -> tuple[int, np.ndarray] | None:
         """(mocap index of ``mocap_body``, indices of its three commands), or None without one."""

@@ -84,11 +84,10 @@ class SensorColumns(BaseModel):
 def sensor_columns(task: Task, table: pa.Table, weights: dict[str, float]) -> SensorColumns:
     """The logged readings of the sensors in ``weights`` (``Term.sensor``); a sensor no observation term reads
     verbatim is refused naming it."""
+    unread = task.unread_sensors(weights)
+    if unread:
+        raise ValueError(f"calibrate: sensors: {unread[0]}")
     known = task.sensor_terms
-    for name in weights:
-        if name not in known:
-            raise ValueError(f"calibrate: sensors: task {task.name!r} has no observation terms that read sensor "
-                             f"{name!r} (Term.sensor); these do: {sorted(known) or 'none'}")
     terms = [(name, i, k) for name in weights for k, i in enumerate(known[name])]
     values = np.stack([table.column(f"obs.{task.observations[i].name}").to_numpy().astype(np.float64)
                        for _, i, _ in terms], axis=1) if terms else np.zeros((table.num_rows, 0))
