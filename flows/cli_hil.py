@@ -14,7 +14,7 @@ from flows.gate import verdict
 
 
 def hil_config(devices: list[str], episodes: Optional[int], seed: int, max_steps: Optional[int], suite: Optional[Path],
-               scenarios: list[str]):
+               scenarios: list[str], dead_after: int):
     """The run's configuration; a bad or repeated address is refused in one line before anything runs."""
     from stages.twin.hil_evaluate import HilSuiteConfig, check_devices
 
@@ -22,8 +22,8 @@ def hil_config(devices: list[str], episodes: Optional[int], seed: int, max_steps
         check_devices(tuple(devices))
     except ValueError as e:
         fail(f"--hil: {e}")
-    return HilSuiteConfig(devices=tuple(devices), seed=seed, max_steps=max_steps, suite=suite,
-                          scenarios=tuple(scenarios), **({"episodes": episodes} if episodes else {}))
+    return HilSuiteConfig(devices=tuple(devices), seed=seed, max_steps=max_steps, suite=suite, scenarios=tuple(scenarios),
+                          dead_after_periods=dead_after, **({"episodes": episodes} if episodes else {}))
 
 
 def _ci(values: list[float], fmt: str) -> str:

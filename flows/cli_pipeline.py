@@ -185,6 +185,8 @@ def evaluate(
     max_steps: Optional[int] = typer.Option(None, min=1, help="With --hil: control steps per episode "
                                                                "(default: the task's)."),
     out: Optional[Path] = typer.Option(None, help="With --hil: the JSON result file (default: under the workspace)."),
+    dead_after: int = typer.Option(25, min=2, metavar="PERIODS", help="With --hil: stop the run once a device has sent "
+                                   "no action for this many consecutive periods of an episode."),
     hil_gate: Optional[Path] = typer.Option(None, help="With --hil: YAML of HIL gate floors (HilGateConfig's keys) "
                                                        "over the defaults."),
 ) -> None:
@@ -198,7 +200,7 @@ def evaluate(
     if hil:
         from flows.cli_hil import hil_config
 
-        hil_cfg = hil_config(hil, episodes, seed, max_steps, suite, scenario)
+        hil_cfg = hil_config(hil, episodes, seed, max_steps, suite, scenario, dead_after)
 
     from edge import bundle as bundle_format, signing
     from edge.errors import CheckFailed

@@ -31,10 +31,10 @@ def store(tmp_path_factory):
     return tmp, root
 
 
-def evaluate(tmp, devices: list[str], episodes: int, out):
+def evaluate(tmp, devices: list[str], episodes: int, out, *options: str):
     args = ["evaluate", "--bundle", str(tmp / "b.tar"), "--trust", str(tmp / "k.pub"), "--episodes", str(episodes),
             "--max-steps", str(STEPS), "--seed", str(SEED), "--out", str(out), "--hil-gate", str(tmp / "gate.yaml"),
-            "--scenario", "nominal"] + [a for d in devices for a in ("--hil", d)]
+            "--scenario", "nominal", *options] + [a for d in devices for a in ("--hil", d)]
     return CliRunner().invoke(app, args, env={"SIM2EDGE_HOME": str(tmp / "home"), "COLUMNS": "220"})
 
 
@@ -55,14 +55,14 @@ def kill_at(proc, address: str, count: int, killed: list[float], timeout_s: floa
     killed.append(time.monotonic())
 
 
-def run_killing(tmp, devices: list[str], victim, episodes: int, out):
+def run_killing(tmp, devices: list[str], victim, episodes: int, out, *options: str):
     """``evaluate`` while a thread kills ``victim`` (proc, address) 25 steps into its first episode; (result, the
     seconds from the kill to the command's exit)."""
     killed: list[float] = []
     killer = threading.Thread(target=kill_at, args=(*victim, PROBES + 25, killed))
     killer.start()
     try:
-        done = evaluate(tmp, devices, episodes, out)
+        done = evaluate(tmp, devices, episodes, out, *options)
         ended = time.monotonic()
     finally:
         killer.join()
@@ -70,8 +70,8 @@ def run_killing(tmp, devices: list[str], victim, episodes: int, out):
     return done, ended - killed[0]
 
 
-def silent(address: str) -> str:
-    return (rf"--hil: {re.escape(address)}: scenario 'nominal', episode (\d), step (\d+): no action for 25 periods "
+def silent(address: str, periods: int = 25) -> str:
+    return (rf"--hil: {re.escape(address)}: scenario 'nominal', episode (\d), step (\d+): no action for {periods} periods "
             rf"\(\d+\.\d\d s\); the device stopped answering$")
 
 
@@ -91,12 +91,12 @@ def test_one_of_two_devices_killed_mid_episode_fails_both_at_once_naming_it(stor
     a_proc, a = serve(root, "udp://127.0.0.1:0")
     b_proc, b = serve(root, "udp://127.0.0.1:0")
     try:
-        done, after_kill = run_killing(tmp, [a, b], (b_proc, b), 2, tmp_path / "r.json")
+        done, after_kill = run_killing(tmp, [a, b], (b_proc, b), 2, tmp_path / "r.json", "--dead-after", "10")
         assert observations(a) > 0  # the survivor still answers
     finally:
         stop(a_proc)
     assert done.exit_code == 2 and done.output.strip().count("\n") == 0, done.output
-    m = re.search(silent(b), done.output.strip())
+    m = re.search(silent(b, 10), done.output.strip())  # the silence limit given on the command line
     assert m and m[1] == "1", done.output  # b ran episode 1; a's own 5 s episode 0 was cut short too
     assert after_kill < BOUND_S, (after_kill, done.output)
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "r.html").exists()

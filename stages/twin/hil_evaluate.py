@@ -83,6 +83,7 @@ class HilSuiteConfig(BaseModel):
     max_steps: Optional[int] = Field(None, ge=1, description="Control steps per episode (None: the task's).")
     suite: Optional[Path] = Field(None, description="Scenario suite file (None: the task's own, else the default).")
     scenarios: tuple[str, ...] = Field((), description="Run only these scenarios of the suite (empty: all).")
+    dead_after_periods: int = HilConfig.model_fields["dead_after_periods"]
 
     @field_validator("devices")
     @classmethod
@@ -91,7 +92,8 @@ class HilSuiteConfig(BaseModel):
 
     def hil(self, device: str, rows: tuple[int, ...]) -> HilConfig:
         """The real-time run of ``rows`` of a scenario's episodes on ``device``."""
-        return HilConfig(device=device, episodes=self.episodes, seed=self.seed, max_steps=self.max_steps, rows=rows)
+        return HilConfig(device=device, episodes=self.episodes, seed=self.seed, max_steps=self.max_steps, rows=rows,
+                         dead_after_periods=self.dead_after_periods)
 
     def select(self, task_ref: str) -> tuple[Scenario, ...]:
         """The suite's scenarios to run; an unknown name raises ValueError naming it and the suite's."""

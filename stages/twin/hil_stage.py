@@ -39,6 +39,7 @@ class HilSettings(BaseModel):
     episodes: int = Field(2, ge=1, description="Real-time episodes per scenario.")
     max_steps: Optional[int] = Field(None, ge=1, description="Control steps per episode (None: the task's).")
     scenarios: tuple[str, ...] = Field(("nominal",), description="Scenarios of the suite to run (empty: all).")
+    dead_after_periods: int = HilSuiteConfig.model_fields["dead_after_periods"]
 
     @field_validator("device")
     @classmethod
@@ -59,7 +60,7 @@ class HilSettings(BaseModel):
 
     def suite(self, devices: tuple[str, ...], seed: int) -> HilSuiteConfig:
         return HilSuiteConfig(devices=devices, episodes=self.episodes, seed=seed, max_steps=self.max_steps,
-                              scenarios=self.scenarios)
+                              scenarios=self.scenarios, dead_after_periods=self.dead_after_periods)
 
 
 @contextmanager
