@@ -2,7 +2,7 @@
 
 A telemetry upload is one MLflow run in experiment ``sim2edge/telemetry`` tagged
 ``sim2edge.telemetry=true``, ``sim2edge.task``, ``sim2edge.device`` and ``sim2edge.policy_version``,
-with the log files (the collect log format's Parquet, or the agent's ``.npz`` telemetry that collect
+with the log files (the collect log format's Parquet, or the agent's ``.npz`` or ``.mcap`` telemetry that collect
 converts: stages/collect/device_logs.py) as artifacts under ``telemetry/``. Collect reads
 runs that started at or after its watermark (the newest run start time it has read).
 """
@@ -43,5 +43,5 @@ def fetch_new(client: MlflowClient, task: str, since_ms: int, dst: Path) -> tupl
     files: list[Path] = []
     for run in runs:
         local = Path(client.download_artifacts(run.info.run_id, "telemetry", str(dst / run.info.run_id)))
-        files += sorted(p for pattern in ("*.parquet", "*.npz") for p in local.glob(pattern))
+        files += sorted(p for pattern in ("*.parquet", "*.npz", "*.mcap") for p in local.glob(pattern))
     return files, max([since_ms] + [r.info.start_time for r in runs])

@@ -196,18 +196,61 @@ def test_bad_agent_telemetry_names_file_and_field(tmp_path, edit, field, message
     assert report.dataset is None and not list((tmp_path / "ds" / "files").iterdir())
 
 
-def _arm6_telemetry(tmp_path: Path) -> tuple[Path, np.ndarray]:
+def _arm6_telemetry(tmp_path: Path, fmt: str = "npz", device: str = "dev") -> tuple[Path, np.ndarray]:
     """One v2 file written by the agent's Recorder from arm6's contract (its target_* inputs are commands), and the
-    observations recorded."""
+    observations recorded; the same rows for either format."""
     task, rng, n = load("arm6"), np.random.default_rng(1), 6
     names = [o.name for o in task.observations]
-    rec = telemetry.Recorder(tmp_path / "device", names, [a.name for a in task.actions], "3", "dev",
+    rec = telemetry.Recorder(tmp_path / "device", names, [a.name for a in task.actions], "3", device, format=fmt,
                              command_names=[o.name for o in task.observations if o.source == "command"])
     obs = rng.uniform(-0.3, 0.3, size=(n, len(names))).astype(np.float32)
     for i in range(n):
-        rec.record(0, i, 0.02 * i, obs[i], rng.uniform(-0.2, 0.2, task.act_dim).astype(np.float32), 1e-4, 0.02, 0,
-                   rng.normal(size=task.model.nq + task.model.nv).astype(np.float32))
+        rec.record(0, i, 1.7e9 + 0.02 * i, obs[i], rng.uniform(-0.2, 0.2, task.act_dim).astype(np.float32), 1e-4,
+                   0.02, 0, rng.normal(size=task.model.nq + task.model.nv).astype(np.float32))
     return rec.flush(), obs
+
+
+def test_mcap_and_npz_telemetry_of_the_same_rows_convert_to_the_same_log(tmp_path):
+    task = load("arm6")
+    (npz, obs), (mcap, _) = _arm6_telemetry(tmp_path / "n"), _arm6_telemetry(tmp_path / "m", "mcap")
+    assert mcap.suffix == ".mcap"
+    new, old = (logs.read(convert(p, task, tmp_path / f"{p.suffix[1:]}.parquet")) for p in (mcap, npz))
+    assert new.column_names == old.column_names
+    assert new.drop(["time"]).equals(old.drop(["time"]))  # commands, state, actions, strings: bit for bit
+    assert np.allclose(new.column("time").to_numpy(), old.column("time").to_numpy(), rtol=0, atol=1e-6)  # ns stamps
+    assert np.allclose(logs.columns(new, "obs"), obs)
+
+
+def test_mcap_telemetry_uploaded_to_the_registry_is_collected(mlflow_server, tmp_path):
+    device = f"mcap-{uuid.uuid4().hex[:8]}"
+    mcap, obs = _arm6_telemetry(tmp_path, "mcap", device)
+    (run_id,) = telemetry.Uploader(tmp_path / "device", mlflow_server, "arm6", device).upload()
+    ctx = standalone(mlflow_server, "sim2edge/arm6-mcap-telemetry-test", None)
+    report = collect_step(ctx, Workspace(home=tmp_path / "ws"), "arm6", "registry")
+    assert report.quarantined == ()
+    manifest = json.loads((report.dataset.path / "manifest.json").read_text())
+    (ours,) = [f for f in manifest["files"] if f["device_ids"] == [device]]
+    assert ours["name"] == mcap.name and "telemetry_sha256" in ours
+    assert np.allclose(logs.columns(logs.read((report.dataset.path / ours["path"]).resolve()), "obs"), obs)
+
+
+def test_an_mcap_that_is_not_the_agents_telemetry_is_quarantined_naming_why(tmp_path):
+    mcap, _ = _arm6_telemetry(tmp_path, "mcap")
+    up = tmp_path / "up"
+    up.mkdir()
+    (up / "cut.mcap").write_bytes(mcap.read_bytes()[:200])
+    bag = up / "bag.mcap"  # a ROS 2 recording: no 'sim2edge' metadata record
+    with bag.open("wb") as f:
+        from mcap.writer import Writer
+
+        w = Writer(f)
+        w.start(profile="ros2", library="test")
+        w.finish()
+    report = ingest_folder(DatasetStore(tmp_path / "ds", load("arm6"), "arm6"), up)
+    reasons = {Path(q.file).name: q.reason for q in report.quarantined}
+    assert "cut.mcap: unreadable or truncated MCAP telemetry" in reasons["cut.mcap"]
+    assert "bag.mcap: no 'sim2edge' metadata record: not the agent's MCAP telemetry" in reasons["bag.mcap"]
+    assert report.dataset is None
 
 
 def test_command_telemetry_v2_and_v1_convert_to_the_same_log(tmp_path):

@@ -1,4 +1,5 @@
-"""The agent's ``.npz`` telemetry (edge/telemetry.py) converted into the Parquet log format.
+"""The agent's telemetry (edge/telemetry.py: ``.npz``, or ``.mcap`` read by ``device_mcap``) converted into the
+Parquet log format.
 
 A telemetry file holds what the device saw and did: ``episode``, ``step``, ``time``,
 ``obs.<name>``, ``act.<name>`` (the actuator command it sent), ``inference_ms``, ``loop_ms``,
@@ -20,9 +21,11 @@ import numpy as np
 import pyarrow as pa
 
 from stages import logs
+from stages.collect.device_mcap import read_mcap
 from stages.collect.validate import LogError
 from stages.sim.task import Task
 
+TELEMETRY_SUFFIXES = (".npz", ".mcap")
 TELEMETRY_SCHEMA_VERSIONS = (1, 2)  # edge.telemetry.SCHEMA_VERSION: 2 records commands as cmd.<name>
 _SCALARS = ("episode", "step", "time", "inference_ms", "loop_ms")
 _EXTRA = ("flags", "schema_version")  # device-only fields that have no log column
@@ -38,8 +41,9 @@ def read_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 def convert(path: Path, task: Task, out: Path) -> Path:
-    """Write ``path`` (agent telemetry) as a log-format Parquet file ``out``; :class:`LogError` on bad input."""
-    cols = read_npz(path)
+    """Write ``path`` (agent telemetry, ``.npz`` or ``.mcap``) as a log-format Parquet file ``out``; :class:`LogError`
+    on bad input."""
+    cols = read_mcap(path) if path.suffix == ".mcap" else read_npz(path)
     version = cols.get("schema_version")
     if version is None or version.shape != () or int(version) not in TELEMETRY_SCHEMA_VERSIONS:
         raise LogError(path, f"telemetry schema version {version} is not one of "

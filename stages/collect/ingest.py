@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from stages import standin
-from stages.collect import bag_logs, lerobot_logs
+from stages.collect import bag_logs, device_logs, lerobot_logs
 from stages.collect.bag_mapping import BagMapping
 from stages.collect.lerobot_logs import LeRobotMapping
 from stages.collect.rollouts import record
@@ -25,11 +25,12 @@ class StandinConfig(BaseModel):
 
 
 def new_files(folder: Path, since_ns: int) -> tuple[list[Path], int]:
-    """Logs (``*.parquet``, the agent's ``*.npz``) under ``folder`` modified at or after ``since_ns``, and the
-    newest mtime seen."""
+    """Logs (``*.parquet``, the agent's ``*.npz`` and ``*.mcap``) under ``folder`` modified at or after ``since_ns``,
+    and the newest mtime seen."""
     if not folder.is_dir():
         raise FileNotFoundError(f"log folder {folder} does not exist")
-    found = [(p, p.stat().st_mtime_ns) for pattern in ("*.parquet", "*.npz") for p in folder.rglob(pattern)
+    found = [(p, p.stat().st_mtime_ns) for suffix in (".parquet", *device_logs.TELEMETRY_SUFFIXES)
+             for p in folder.rglob(f"*{suffix}")
              if not p.name.startswith(".")]
     fresh = [p for p, m in found if m >= since_ns]
     return fresh, max([since_ns] + [m for _, m in found])

@@ -1,7 +1,7 @@
 """The dataset store: content-addressed log files, immutable dataset versions, watermarks, quarantine.
 
 ```
-<root>/files/<sha256>.parquet        validated log files, by content (agent .npz telemetry converted first)
+<root>/files/<sha256>.parquet        validated log files, by content (agent .npz/.mcap telemetry converted first)
 <root>/versions/v0001/manifest.json  one dataset version: every file it holds, with digests
 <root>/latest                        the newest version's name, replaced atomically last
 <root>/watermarks.json               per source: how far ingest has read
@@ -132,7 +132,7 @@ class DatasetStore:
                     continue
                 log = path
                 try:
-                    if path.suffix == ".npz":
+                    if path.suffix in device_logs.TELEMETRY_SUFFIXES:
                         try:
                             log = device_logs.convert(path, self.task, Path(work) / f"{original}.parquet")
                             summary = validate(log, self.task)
