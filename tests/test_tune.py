@@ -60,6 +60,14 @@ def test_a_trial_below_the_threshold_is_pruned_at_its_first_evaluation():
     assert log.finished == ["PRUNED"] and log.steps == [(0, 2)]
 
 
+def test_a_trial_stopped_by_its_minutes_between_evaluations_is_scored_on_its_final_policy():
+    log = Recorded()
+    result = tune(TINY.model_copy(update={"trials": 1, "iterations": 1000, "eval_every": 500,
+                                          "minutes_per_trial": 0.02}), log=log)
+    (number, step), = log.steps
+    assert result.trials[0].state == "COMPLETE" and number == 0 and step < 500
+
+
 def test_cli_bad_task_is_one_line():
     done = CliRunner().invoke(app, ["tune", "--task", "nosuch"], env={"COLUMNS": "200"})
     assert done.exit_code == 2 and "Traceback" not in done.output
