@@ -26,6 +26,7 @@ class TrainSettings(BaseModel):
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE λ.")
     init_noise_std: float = Field(0.6, gt=0, description="Initial std of the Gaussian action noise (normalized units).")
+    desired_kl: float = Field(0.01, gt=0, description="Target KL of the adaptive learning-rate schedule.")
     minutes: Optional[float] = Field(None, gt=0, description="Wall-clock training budget per seed; `iterations` stays "
                                                              "the cap.")
     disturbance: Disturbance = Field(

@@ -49,6 +49,7 @@ class TrainConfig(BaseModel):
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE λ.")
     init_noise_std: float = Field(0.6, gt=0, description="Initial std of the Gaussian action noise (normalized units).")
+    desired_kl: float = Field(0.01, gt=0, description="Target KL of the adaptive learning-rate schedule.")
     seed: int = Field(0, description="Seeds torch, the environments and the randomization.")
     nthread: int = Field(2, ge=1, description="Physics threads.")
     eval_every: int = Field(0, ge=0, description="Deterministic evaluation every N iterations (0: never).")
@@ -141,7 +142,7 @@ def rsl_rl_config(cfg: TrainConfig, privileged: bool = False) -> dict:
             "entropy_coef": cfg.entropy_coef,
             "gamma": cfg.gamma,
             "lam": cfg.gae_lambda,
-            "desired_kl": 0.01,
+            "desired_kl": cfg.desired_kl,
             "schedule": "adaptive",
         },
         "multi_gpu": None,

@@ -46,7 +46,7 @@ def test_a_sensor_in_the_file_is_checked_against_the_task_the_command_line_names
 @pytest.mark.parametrize("text,sets,message", [
     ("train:\n  learnin_rate: 1\n", [], r"run.yaml: train.learnin_rate: not a key here; allowed: steps_per_env, "
                                         r"hidden_dims, learning_rate, entropy_coef, gamma, gae_lambda, init_noise_std, "
-                                        r"minutes, disturbance$"),
+                                        r"desired_kl, minutes, disturbance$"),
     ("iterations: 0\n", [], r"run.yaml: iterations: Input should be greater than or equal to 1 \(got 0\)$"),
     ("target: orin-nano\n", [], r"run.yaml: target: .*orin-nano"),
     ("- a\n- b\n", [], r"run.yaml: a run configuration is a mapping of keys, got list$"),

@@ -1,0 +1,182 @@
+"""Hyperparameter search over :class:`stages.train.TrainConfig` with Optuna.
+
+Each trial trains in the task's nominal twin with deterministic evaluation every ``eval_every`` iterations; the
+evaluations feed the pruner, and the trial's score is its last one. Logging (MLflow) stays at the edges: ``tune``
+reports to a :class:`TrialLog` that the caller passes in.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Literal, Optional, Protocol
+
+import optuna
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from stages.sim.registry import load
+from stages.train import NonFiniteTraining, TrainConfig, deterministic_return, load_actor, train
+
+TUNED = ("learning_rate", "entropy_coef", "gamma", "gae_lambda", "hidden_dims", "num_envs", "steps_per_env",
+         "init_noise_std", "desired_kl")
+"""The :class:`TrainConfig` fields a search sets."""
+
+
+class TuneConfig(BaseModel):
+    """The search: budget, evaluation, pruner and the discrete choices of the search space."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    task: str = Field("cartpole", description="Registered task name or module:Class.")
+    trials: int = Field(20, ge=1, description="Trials to run (fewer if ``minutes`` runs out first).")
+    minutes: Optional[float] = Field(None, gt=0, description="Wall-clock budget of the whole search.")
+    iterations: int = Field(50, ge=1, description="PPO iterations per trial (the cap).")
+    minutes_per_trial: Optional[float] = Field(None, gt=0, description="Wall-clock training budget per trial.")
+    seed: int = Field(0, description="Seeds the sampler and every trial's training.")
+    eval_every: int = Field(5, ge=1, description="Deterministic evaluation (a pruning step) every N iterations.")
+    eval_episodes: int = Field(16, ge=1, description="Episodes per deterministic evaluation (fixed seeds).")
+    pruner: Literal["median", "halving"] = Field("median", description="Optuna's MedianPruner or "
+                                                                      "SuccessiveHalvingPruner.")
+    envs_steps: tuple[tuple[int, int], ...] = Field(((64, 32), (128, 32), (256, 16)), min_length=1,
+                                                    description="(num_envs, steps_per_env) choices.")
+    hidden_dims: tuple[tuple[int, ...], ...] = Field(((64, 64), (128, 128), (256, 128, 64)), min_length=1,
+                                                     description="Actor and critic MLP width choices.")
+    nthread: int = Field(2, ge=1, description="Physics threads.")
+
+
+class TrialResult(BaseModel):
+    number: int
+    state: str
+    """Optuna's state name: COMPLETE, PRUNED or FAIL."""
+    value: Optional[float]
+    params: dict[str, Any]
+    """The :data:`TUNED` fields the trial trained with."""
+
+
+class TuneResult(BaseModel):
+    best_number: int
+    best_value: float
+    best_params: dict[str, Any]
+    trials: tuple[TrialResult, ...]
+
+
+class TrialLog(Protocol):
+    """Where a search reports its trials (e.g. one MLflow run each)."""
+
+    def start(self, number: int, params: dict[str, Any]) -> None: ...
+
+    def step(self, number: int, step: int, eval_return: float) -> None: ...
+
+    def finish(self, result: TrialResult) -> None: ...
+
+
+def _key(values: tuple[int, ...], sep: str) -> str:
+    return sep.join(map(str, values))
+
+
+def suggest(trial: optuna.Trial, cfg: TuneConfig) -> dict[str, Any]:
+    """The trial's :data:`TUNED` values (categorical tuples are sampled as their string keys)."""
+    envs_steps = {_key(c, "x"): c for c in cfg.envs_steps}
+    hidden = {_key(c, "-"): c for c in cfg.hidden_dims}
+    num_envs, steps_per_env = envs_steps[trial.suggest_categorical("envs_steps", list(envs_steps))]
+    return {
+        "learning_rate": trial.suggest_float("learning_rate", 1e-4, 3e-3, log=True),
+        "entropy_coef": trial.suggest_float("entropy_coef", 0.0, 0.02),
+        "gamma": trial.suggest_float("gamma", 0.95, 0.999),
+        "gae_lambda": trial.suggest_float("gae_lambda", 0.9, 0.99),
+        "hidden_dims": hidden[trial.suggest_categorical("hidden_dims", list(hidden))],
+        "num_envs": num_envs,
+        "steps_per_env": steps_per_env,
+        "init_noise_std": trial.suggest_float("init_noise_std", 0.2, 1.2),
+        "desired_kl": trial.suggest_float("desired_kl", 0.005, 0.05, log=True),
+    }
+
+
+def make_pruner(name: str) -> optuna.pruners.BasePruner:
+    return optuna.pruners.MedianPruner() if name == "median" else optuna.pruners.SuccessiveHalvingPruner()
+
+
+def tune(cfg: TuneConfig, base: Optional[TrainConfig] = None, log: Optional[TrialLog] = None,
+         pruner: Optional[optuna.pruners.BasePruner] = None) -> TuneResult:
+    """Run the search in the task's nominal twin; ``base`` gives the fields not searched (e.g. the task preset's
+    disturbance; its task, budget and evaluation are ``cfg``'s), ``pruner`` overrides ``cfg.pruner``. A trial
+    whose training diverges is FAIL (the checkpoints live in a temporary folder; a pruned trial leaves nothing);
+    a search with no COMPLETE trial raises ValueError."""
+    base = base or TrainConfig(task=cfg.task)
+    task = load(cfg.task)
+    twin = task.nominal_params()
+    end = time.monotonic() + 60 * (cfg.minutes or math.inf)
+    params: dict[int, dict[str, Any]] = {}
+
+    def objective(trial: optuna.Trial) -> float:
+        params[trial.number] = values = suggest(trial, cfg)
+        limits = [m for m in (cfg.minutes_per_trial, (end - time.monotonic()) / 60 if cfg.minutes else None)
+                  if m is not None]
+        train_cfg = TrainConfig.model_validate({
+            **base.model_dump(), **values, "task": cfg.task, "iterations": cfg.iterations, "seed": cfg.seed,
+            "eval_every": cfg.eval_every, "eval_episodes": cfg.eval_episodes, "nthread": cfg.nthread,
+            "target_return": None, "checkpoint_every": 0, "minutes": max(min(limits), 1e-3) if limits else None})
+        last: dict[str, float] = {}
+
+        def on_iteration(it: int, metrics: dict[str, float]) -> None:
+            if "eval_return" not in metrics:
+                return
+            last.update(step=it + 1, value=metrics["eval_return"])
+            trial.report(metrics["eval_return"], it + 1)
+            if log:
+                log.step(trial.number, it + 1, metrics["eval_return"])
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"eval_return {metrics['eval_return']:.3f} at iteration {it + 1}")
+
+        if log:
+            log.start(trial.number, values)
+        with tempfile.TemporaryDirectory(prefix=f"sim2edge-tune-{trial.number}-") as tmp:
+            ckpt = train(train_cfg, twin, Path(tmp) / "checkpoint", on_iteration=on_iteration)
+            if last.get("step") == ckpt.iterations:
+                return last["value"]
+            # stopped by its minutes between evaluations: score the final policy
+            value = deterministic_return(load_actor(ckpt.path), task, twin, cfg.eval_episodes, cfg.nthread)
+        if log:
+            log.step(trial.number, ckpt.iterations, value)
+        return value
+
+    def finished(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if log:
+            log.finish(result_of(trial, params))
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=cfg.seed),
+                                pruner=pruner or make_pruner(cfg.pruner))
+    study.optimize(objective, n_trials=cfg.trials, timeout=60 * cfg.minutes if cfg.minutes else None,
+                   catch=(NonFiniteTraining,), callbacks=[finished])
+    trials = tuple(result_of(t, params) for t in study.trials)
+    complete = [t for t in trials if t.state == "COMPLETE"]
+    if not complete:
+        raise ValueError(f"no trial completed ({', '.join(f'{t.number}: {t.state}' for t in trials)})")
+    best = max(complete, key=lambda t: t.value)
+    return TuneResult(best_number=best.number, best_value=best.value, best_params=best.params, trials=trials)
+
+
+def result_of(trial: optuna.trial.FrozenTrial, params: dict[int, dict[str, Any]]) -> TrialResult:
+    return TrialResult(number=trial.number, state=trial.state.name, value=trial.value,
+                       params=params.get(trial.number, {}))
+
+
+def preset_yaml(result: TuneResult, cfg: TuneConfig) -> str:
+    """The best trial's values as a run configuration (``sim2edge run --config``): ``num_envs`` at the top,
+    the PPO settings under ``train:``; iterations and the rest stay the task preset's."""
+    p = result.best_params
+    train_keys = [k for k in TUNED if k != "num_envs"]
+    body = {"task": cfg.task, "num_envs": p["num_envs"],
+            "train": {k: list(p[k]) if k == "hidden_dims" else p[k] for k in train_keys}}
+    header = (f"# sim2edge tune: trial {result.best_number} of {len(result.trials)}, deterministic eval return "
+              f"{result.best_value:.4g}\n# ({cfg.iterations} iterations per trial, {cfg.eval_episodes} episodes, "
+              f"seed {cfg.seed}, nominal twin)\n")
+    return header + yaml.safe_dump(body, sort_keys=False)
+
+
+def write_preset(path: Path, result: TuneResult, cfg: TuneConfig) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(preset_yaml(result, cfg))
+    return path
