@@ -177,6 +177,9 @@ def preset_yaml(result: TuneResult, cfg: TuneConfig) -> str:
 
 
 def write_preset(path: Path, result: TuneResult, cfg: TuneConfig) -> Path:
+    """Write the preset atomically (a temporary file renamed over ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(preset_yaml(result, cfg))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(preset_yaml(result, cfg))
+    tmp.replace(path)
     return path
