@@ -12,9 +12,14 @@ Layout of ``repo`` (served as is; ``consistent_snapshot`` is off, so file names 
     targets/<policy>/rollout.json        while a staged rollout runs: each ring's version (edge/rollout_plan.py);
                                          devices asking for ``<policy>`` follow it instead of latest.tar
 
-Keys (``keys``, never served): ``root.key``, ``targets.key``, ``snapshot.key``, ``timestamp.key``, each an
-Ed25519 private key (PKCS#8 PEM, mode 0600), made on the first publish; threshold 1 per role. A root key rotation
-(registry/tuf_rotation.py) writes ``metadata/<N+1>.root.json`` naming the keys of another such directory.
+Keys (``keys``, never served): per role, ``<role>.key`` then ``<role>-2.key`` … ``<role>-<N>.key``, each an
+Ed25519 private key (PKCS#8 PEM, mode 0600), made when a repository is created. ``keys/layout.json`` (optional)
+gives each role N keys and a threshold T, e.g. ``{"root": {"keys": 3, "threshold": 2}, "targets": {"keys": 2,
+"threshold": 2}}``; a role it leaves out (or no file: every role) has 1 key, threshold 1. Root lists every key
+with its threshold; a publish signs each role with every key of it present and is refused, before anything is
+written, when fewer than the threshold root.json names are present. A root key rotation
+(registry/tuf_rotation.py) writes ``metadata/<N+1>.root.json`` naming the keys and thresholds of another such
+directory.
 
 Each target's ``custom`` field (the device checks it against the registry contract and the signed manifest)::
 
@@ -32,13 +37,14 @@ import tarfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from edge import bundle
 from edge.errors import CheckFailed
 
 ROLES = ("root", "targets", "snapshot", "timestamp")
 CUSTOM = "sim2edge"
+LAYOUT = "layout.json"
 
 
 class RepoConfig(BaseModel):
@@ -89,19 +95,55 @@ def _manifest(tar: Path) -> dict:
         raise ValueError(f"{tar} is not a sim2edge bundle ({e})") from None
 
 
-def role_signers(keys: Path) -> dict:
-    """The four role signers from ``keys``, generated on first use."""
+class RoleKeys(BaseModel):
+    """How many keys a role has and how many of them must sign its metadata."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    keys: int = Field(1, ge=1)
+    threshold: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _reachable(self) -> "RoleKeys":
+        if self.threshold > self.keys:
+            raise ValueError(f"threshold {self.threshold} exceeds its {self.keys} key(s)")
+        return self
+
+
+def key_layout(keys: Path) -> dict[str, RoleKeys]:
+    """Each role's key count and threshold from ``keys/layout.json``; 1 of 1 for a role it leaves out."""
+    path = keys / LAYOUT
+    try:
+        raw = json.loads(path.read_text()) if path.is_file() else {}
+        if not isinstance(raw, dict) or set(raw) - set(ROLES):
+            raise ValueError(f"roles are {', '.join(ROLES)}")
+        return {role: RoleKeys(**raw.get(role, {})) for role in ROLES}
+    except (TypeError, ValueError, ValidationError) as e:
+        why = " ".join(str(e).split())
+        raise ValueError(f"{path} is not a key layout ({why})") from None
+
+
+def key_path(keys: Path, role: str, i: int) -> Path:
+    """Key ``i`` (from 1) of ``role``: ``<role>.key`` for the first, ``<role>-<i>.key`` after it."""
+    return keys / (f"{role}.key" if i == 1 else f"{role}-{i}.key")
+
+
+def role_signers(keys: Path, create: bool = True) -> dict[str, list]:
+    """Each role's signers from the key files in ``keys`` its layout names; missing ones generated when ``create``,
+    skipped otherwise."""
     from securesystemslib.signer import CryptoSigner
 
-    keys.mkdir(parents=True, exist_ok=True)
+    layout = key_layout(keys)
+    if create:
+        keys.mkdir(parents=True, exist_ok=True)
     signers = {}
     for role in ROLES:
-        path = keys / f"{role}.key"
-        if not path.exists():
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(CryptoSigner.generate_ed25519().private_bytes)
-        signers[role] = load_signer(path)
+        paths = [key_path(keys, role, i) for i in range(1, layout[role].keys + 1)]
+        for path in paths:
+            if create and not path.exists():
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(CryptoSigner.generate_ed25519().private_bytes)
+        signers[role] = [load_signer(path) for path in paths if path.exists()]
     return signers
 
 
@@ -128,32 +170,58 @@ def _write(md, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _load_or_init(meta: Path, signers: dict, cfg: RepoConfig) -> dict:
-    """The four roles as stored, or a new repository (root written at once) whose keys are ``signers``'."""
+def _open(cfg: RepoConfig) -> tuple[dict, dict]:
+    """The four roles as stored and each role's signers among ``cfg.keys`` (at least its threshold, else
+    ValueError before anything is written), or a new repository (root written at once) of those keys."""
+    from tuf.api.metadata import Metadata
+
+    meta = cfg.repo / "metadata"
+    if not (meta / "root.json").exists():
+        return _init(meta, role_signers(cfg.keys), cfg)
+    signers = role_signers(cfg.keys, create=False)
+    md = {role: Metadata.from_file(str(meta / f"{role}.json")) for role in ROLES}
+    return md, {role: enough(md["root"].signed, role, signers[role], f"{cfg.keys} holds", meta / "root.json")
+                for role in ROLES}
+
+
+def enough(root, role: str, signers: list, holder: str, where: Path) -> list:
+    """The ``signers`` whose keys ``root`` names for ``role``; ValueError in one line when fewer than its threshold."""
+    keyids, threshold = root.roles[role].keyids, root.roles[role].threshold
+    mine = [s for s in signers if s.public_key.keyid in keyids]
+    if len(mine) < threshold:
+        raise ValueError(f"{holder} {len(mine)} {role} key(s) of {where}, threshold {threshold}: sign with the key "
+                         f"directory that made this repository")
+    return mine
+
+
+def _init(meta: Path, signers: dict, cfg: RepoConfig) -> tuple[dict, dict]:
+    """A new repository whose roles have the keys of ``signers`` and the thresholds of ``cfg.keys``' layout."""
     from tuf.api.metadata import Metadata, Root, Snapshot, Targets, Timestamp
 
-    if (meta / "root.json").exists():
-        md = {role: Metadata.from_file(str(meta / f"{role}.json")) for role in ROLES}
-        for role in ROLES:
-            if signers[role].public_key.keyid not in md["root"].signed.roles[role].keyids:
-                raise ValueError(f"{cfg.keys / (role + '.key')} is not a {role} key of {meta / 'root.json'}: "
-                                 f"publish with the key directory that made this repository")
-        return md
     for role in ROLES:
         if (meta / f"{role}.json").exists():
             raise ValueError(f"{meta} has {role}.json but no root.json: not a repository this command made")
     root = Root(expires=expiry(cfg.root_days * 86400), consistent_snapshot=False)
-    for role in ROLES:
-        root.add_key(signers[role].public_key, role)
+    for role, layout in key_layout(cfg.keys).items():
+        for signer in signers[role]:
+            root.add_key(signer.public_key, role)
+        root.roles[role].threshold = layout.threshold
     md = {"root": Metadata(root), "targets": Metadata(Targets()), "snapshot": Metadata(Snapshot()),
           "timestamp": Metadata(Timestamp())}
     for role in ("targets", "snapshot", "timestamp"):
         md[role].signed.version = 0  # publish bumps each to 1
-    md["root"].sign(signers["root"])
+    sign_all(md["root"], signers["root"])
     meta.mkdir(parents=True, exist_ok=True)
     _write(md["root"], meta / "1.root.json")
     _write(md["root"], meta / "root.json")
-    return md
+    return md, signers
+
+
+def sign_all(md, signers: list) -> None:
+    """Replace the signatures of ``md`` with those of every signer."""
+    md.signatures.clear()
+    for signer in signers:
+        md.sign(signer, append=True)
 
 
 def _target(repo: Path, path: str, local: Path, custom: dict):
@@ -174,9 +242,7 @@ def publish(cfg: PublishConfig) -> Published:
     said = (m["policy"]["name"], str(m["policy"]["version"]))
     if said != (cfg.policy, str(cfg.version)):
         raise ValueError(f"{cfg.bundle} is {said[0]} v{said[1]}, not {cfg.policy} v{cfg.version} as registered")
-    signers = role_signers(cfg.keys)
-    meta = cfg.repo / "metadata"
-    md = _load_or_init(meta, signers, cfg)
+    md, signers = _open(cfg)
     custom = {"policy": cfg.policy, "version": str(cfg.version), "target": m["target"]["name"],
               "bundle_sha256": bundle.sha256_path(cfg.bundle)}
     targets = md["targets"].signed
@@ -188,7 +254,7 @@ def publish(cfg: PublishConfig) -> Published:
                                   int(latest.unrecognized_fields["custom"][CUSTOM]["version"]) <= int(cfg.version))
     if newest:
         targets.targets[latest_path] = _target(cfg.repo, latest_path, cfg.bundle, custom)
-    _sign(md, signers, meta, cfg)
+    _sign(md, signers, cfg.repo / "metadata", cfg)
     info = targets.targets[path]
     return Published(target_path=path, latest=newest, sha256=info.hashes["sha256"], size=info.length,
                      targets_version=targets.version, snapshot_version=md["snapshot"].signed.version,
@@ -203,7 +269,7 @@ def _sign(md: dict, signers: dict, meta: Path, cfg: RepoConfig) -> None:
 
 
 def resign(md: dict, signers: dict, cfg: RepoConfig) -> None:
-    """Bump and renew targets, snapshot and timestamp in ``md`` and sign each with its signer alone (in memory)."""
+    """Bump and renew targets, snapshot and timestamp in ``md`` and sign each with its signers alone (in memory)."""
     from tuf.api.metadata import MetaFile
 
     targets = md["targets"].signed
@@ -218,8 +284,7 @@ def resign(md: dict, signers: dict, cfg: RepoConfig) -> None:
     timestamp.version += 1
     timestamp.expires = expiry(cfg.timestamp_s)
     for role in ("targets", "snapshot", "timestamp"):
-        md[role].signatures.clear()
-        md[role].sign(signers[role])
+        sign_all(md[role], signers[role])
 
 
 def published_versions(repo: Path, policy: str) -> set[str]:
@@ -246,9 +311,7 @@ def write_rollout(cfg: RepoConfig, policy: str, plan: dict) -> int:
             cfg.repo, policy)
         if missing:
             raise ValueError(f"rollout of {policy} names version(s) {sorted(missing)} not published in {cfg.repo}")
-    signers = role_signers(cfg.keys)
-    meta = cfg.repo / "metadata"
-    md = _load_or_init(meta, signers, cfg)
+    md, signers = _open(cfg)
     path = f"{policy}/rollout.json"
     if data is None:
         md["targets"].signed.targets.pop(path, None)
@@ -258,7 +321,7 @@ def write_rollout(cfg: RepoConfig, policy: str, plan: dict) -> int:
         local.write_bytes(data)
         md["targets"].signed.targets[path] = _target(cfg.repo, path, local, {"policy": policy, "rollout": True})
         local.unlink()
-    _sign(md, signers, meta, cfg)
+    _sign(md, signers, cfg.repo / "metadata", cfg)
     return md["targets"].signed.version
 
 
