@@ -52,6 +52,9 @@ class TrainConfig(BaseModel):
     desired_kl: float = Field(0.01, gt=0, description="Target KL of the adaptive learning-rate schedule.")
     seed: int = Field(0, description="Seeds torch, the environments and the randomization.")
     nthread: int = Field(2, ge=1, description="Physics threads.")
+    torch_threads: int = Field(1, ge=1, description="Torch threads for the policy and the PPO update while training: "
+                               "the networks are small: one thread matched two on a quiet 2-core machine and was 4× faster "
+                               "per update beside a busy one (benchmarks/update_threads.py).")
     eval_every: int = Field(0, ge=0, description="Deterministic evaluation every N iterations (0: never).")
     eval_episodes: int = Field(16, ge=1, description="Episodes per deterministic evaluation (fixed seeds).")
     target_return: Optional[float] = Field(None, description="Stop once a deterministic evaluation reaches this return.")
@@ -150,9 +153,24 @@ def rsl_rl_config(cfg: TrainConfig, privileged: bool = False) -> dict:
 
 
 def build_algorithm(cfg: TrainConfig, vec_env: RslRlEnv) -> PPO:
-    """Construct rsl_rl's PPO (actor, critic, storage) for ``vec_env``."""
-    return PPO.construct_algorithm(vec_env.get_observations(), vec_env,
-                                   rsl_rl_config(cfg, bool(vec_env.env.task.privileged)), "cpu")
+    """Construct rsl_rl's PPO (actor, critic, storage) for ``vec_env``, its Adam fused (one kernel per step for all
+    parameters instead of several per tensor; see benchmarks/update_threads.py)."""
+    alg = PPO.construct_algorithm(vec_env.get_observations(), vec_env,
+                                  rsl_rl_config(cfg, bool(vec_env.env.task.privileged)), "cpu")
+    alg.optimizer = torch.optim.Adam([p for g in alg.optimizer.param_groups for p in g["params"]],
+                                     lr=cfg.learning_rate, fused=True)
+    return alg
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Torch's intra-op threads set to ``n`` for the block, then restored."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 EVAL_SEED = 7_000_000
@@ -273,7 +291,22 @@ def train(
     iteration up to ``cfg.iterations``, with its optimizer, RNG and environment states: the result
     equals an uninterrupted run's.
     ``evaluate``: what scores the actor every ``eval_every`` iterations (default :func:`deterministic_return`),
-    e.g. a benchmark's own fixed episodes."""
+    e.g. a benchmark's own fixed episodes. Torch runs on ``cfg.torch_threads`` threads meanwhile (a process-wide
+    setting: concurrent trainings in one process each set it and put back what they found)."""
+    with torch_threads(cfg.torch_threads):
+        return _train(cfg, twin, out_dir, on_iteration, warm_start, resume, evaluate)
+
+
+def _train(
+    cfg: TrainConfig,
+    twin: PhysicalParams,
+    out_dir: Path,
+    on_iteration: IterationCallback | None = None,
+    warm_start: Path | None = None,
+    resume: Path | None = None,
+    evaluate: Callable[[torch.nn.Module, Task, PhysicalParams, int, int], float] | None = None,
+) -> Checkpoint:
+    """:func:`train`'s loop."""
     if warm_start is not None and resume is not None:
         raise ValueError("give warm_start or resume, not both")
     task = load(cfg.task)
