@@ -29,6 +29,10 @@ def up(
                                            help="A further name MLflow answers to (a proxy's or a DNS alias; "
                                                 "repeat for several). Off loopback it already answers to this "
                                                 "machine's hostname, FQDN and addresses."),
+    artifacts: Optional[str] = typer.Option(None, metavar="s3://BUCKET[/PREFIX]",
+                                            help="MLflow's artifact store: an S3 bucket the server proxies (its "
+                                                 "credentials and MLFLOW_S3_ENDPOINT_URL from the environment; "
+                                                 "clients need none); default: the workspace's folder."),
 ) -> None:
     """Start a Prefect server and an MLflow tracking server for this workspace; Ctrl-C stops both."""
     import signal
@@ -40,23 +44,25 @@ def up(
 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, interrupt)
-    from flows import team_database
+    from flows import team_artifacts, team_database
 
     ws = Workspace.from_env()
     try:
         db = team_database.parse(database) if database else None
         extra_hosts = tuple(services.check_allowed_host(name) for name in allowed_host)
+        store = team_artifacts.parse(artifacts) if artifacts else None
     except (team_database.DatabaseError, ValueError) as e:
         fail(str(e))
     try:
-        running = services.up(ws, host, prefect_port, mlflow_port, db, auth, extra_hosts)
-    except services.PortInUse as e:
+        running = services.up(ws, host, prefect_port, mlflow_port, db, auth, extra_hosts, store)
+    except (services.PortInUse, team_artifacts.ArtifactStoreError) as e:
         fail(str(e))
     except (services.ServiceError, team_database.DatabaseError) as e:
         fail(str(e), code=1)
     name = services.advertised_host(host)
     console.print(f"Prefect UI  http://{name}:{prefect_port}\nMLflow UI   http://{name}:{mlflow_port}\n"
                   f"workspace   {ws.home}\n{f'database    {db.shown}' + chr(10) if db else ''}"
+                  f"{f'artifacts   {store.uri}' + chr(10) if store else ''}"
                   f"{logins(ws) if auth else ''}Ctrl-C stops both.", markup=False, highlight=False, soft_wrap=True)
     try:
         while all(s.process.poll() is None for s in running):

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows import team_auth, team_database
+from flows import team_artifacts, team_auth, team_database
+from flows.team_artifacts import S3Store
 from flows.team_database import TeamDatabase
 from flows.workspace import Workspace, healthy
 
@@ -186,14 +187,16 @@ def log_tail(log: Path, lines: int = 8) -> str:
 
 
 def mlflow_command(ws: Workspace, host: str, port: int, backend: str | None = None, auth: bool = False,
-                   hosts: list[str] | None = None, origins: list[str] | None = None) -> list[str]:
-    """MLflow's server on ``backend`` (default: the workspace's SQLite file), artifacts behind its proxy; with
+                   hosts: list[str] | None = None, origins: list[str] | None = None,
+                   artifacts: str | None = None) -> list[str]:
+    """MLflow's server on ``backend`` (default: the workspace's SQLite file), artifacts behind its proxy (in
+    ``artifacts``, e.g. ``s3://bucket/prefix``, or the workspace's folder); with
     ``auth`` its basic-auth app (configured through the environment: :func:`flows.team_auth.prepare`); ``hosts``
     and ``origins``: the Host headers and origins it accepts besides its defaults' (:func:`allowed_hosts`)."""
     ws.mlflow_artifacts.mkdir(parents=True, exist_ok=True)
     return [sys.executable, "-m", "mlflow", "server", *(["--app-name", "basic-auth"] if auth else []),
             "--backend-store-uri", backend or f"sqlite:///{ws.mlflow_db}",
-            "--artifacts-destination", str(ws.mlflow_artifacts), "--serve-artifacts",
+            "--artifacts-destination", artifacts or str(ws.mlflow_artifacts), "--serve-artifacts",
             "--host", host, "--port", str(port), "--workers", "1",
             *(["--allowed-hosts", ",".join(hosts)] if hosts else []),
             *(["--cors-allowed-origins", ",".join(origins)] if origins else [])]
@@ -244,12 +247,16 @@ def stop(services: list[Service], grace_s: float = 8.0) -> None:
 
 
 def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int,
-       database: TeamDatabase | None = None, auth: bool = False, extra_hosts: tuple[str, ...] = ()) -> list[Service]:
+       database: TeamDatabase | None = None, auth: bool = False, extra_hosts: tuple[str, ...] = (),
+       artifacts: S3Store | None = None) -> list[Service]:
     """Start both servers (on SQLite files in the workspace, or on ``database``: PostgreSQL, checked and prepared
     first; with ``auth`` behind logins, :mod:`flows.team_auth`; MLflow answering this machine's names off loopback,
-    and ``extra_hosts``), wait until healthy, and record their URLs in the workspace; a taken port is refused
-    (:class:`PortInUse`) before anything starts, a server that stops during start-up stops the other."""
+    and ``extra_hosts``; its artifacts in the workspace or in ``artifacts``, an S3 bucket checked first), wait until
+    healthy, and record their URLs in the workspace; a taken port is refused (:class:`PortInUse`) before anything
+    starts, a server that stops during start-up stops the other."""
     check_ports(host, {"--mlflow-port": mlflow_port, "--prefect-port": prefect_port})
+    if artifacts is not None:
+        team_artifacts.check(artifacts)
     if database is not None:
         team_database.prepare(database, auth)
     logs = ws.home / "logs"
@@ -267,7 +274,8 @@ def up(ws: Workspace, host: str, prefect_port: int, mlflow_port: int,
     services = [
         start(ws, "mlflow", mlflow_command(ws, host, mlflow_port, database and database.mlflow_url, auth,
                                            allowed_hosts(host, extra_hosts),
-                                           allowed_origins(host, mlflow_port, extra_hosts)),
+                                           allowed_origins(host, mlflow_port, extra_hosts),
+                                           artifacts and artifacts.uri),
               mlflow_url, "/health", logs / "mlflow.log", mlflow_env),
         start(ws, "prefect", prefect_command(host, prefect_port), prefect_url, "/api/health", logs / "prefect.log",
               prefect_env),
