@@ -84,6 +84,7 @@ def test_evaluation_reports_the_metric_and_the_gate_bounds_it(quad, tmp_path):
     checks = {c["name"]: c for c in data["checks"]}
     assert not checks["nominal: velocity_error upper 95% bound"]["passed"]  # the gate's 0.05 m/s
     assert checks["payload+25%: velocity_error upper 95% bound"]["passed"]  # the scenario's own 10 m/s
+    assert report.scenarios[0].metrics == {"velocity_error": data["scenarios"][0]["metrics"]["velocity_error"]["mean"]}
     assert not report.passed and any(r.startswith("FAIL: nominal: velocity_error") for r in report.reasons)
     assert "velocity_error (m/s, 95% CI)" in report.html.read_text()
 

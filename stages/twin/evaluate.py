@@ -250,7 +250,8 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
         scenarios=tuple(ScenarioResult(name=r["scenario"], success_rate=r["success_rate"], success_low=r["success_rate_ci95"][0],
                                        mean_return=r["mean_return"],
                                        champion_mean_return=r.get("champion", {}).get("mean_return"),
-                                       champion_success_rate=r.get("champion", {}).get("success_rate"))
+                                       champion_success_rate=r.get("champion", {}).get("success_rate"),
+                                       metrics={k: v["mean"] for k, v in r["metrics"].items()})
                         for r in scenarios),
         latency_ms_p99=report["latency_ms_p99"],
         sim_to_real_gap={k: check[k]["trajectory_rmse"] for k in ("twin", "uncalibrated")} if check else None,
