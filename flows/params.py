@@ -11,7 +11,7 @@ from stages.sim.disturbance import Disturbance
 from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
 from stages.twin.calibration_config import CalibrateConfig, SensorWeight, SmoothingWindow
-from stages.twin.gate import Check, GateConfig
+from stages.twin.gate import Check, GateConfig, check_metric_names
 from stages.twin.hil_stage import HilSettings
 
 
@@ -121,6 +121,11 @@ class PipelineParams(BaseModel):
         unread = load(self.task).unread_sensors(self.calibrate.sensors)
         if unread:
             raise ValueError(f"calibrate.sensors: {unread[0]}")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_the_task_has(self) -> "PipelineParams":
+        check_metric_names(self.gate.metric_limits, load(self.task))
         return self
 
 

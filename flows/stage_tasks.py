@@ -134,6 +134,7 @@ def evaluate_stage(ctx: RunContext, cfg: EvalConfig, params: PipelineParams, pol
         run.metrics({"success_rate": report.success_rate, "mean_return": report.mean_return,
                      "latency_ms_p99": report.latency_ms_p99,
                      **{f"success_rate.{metric_name(s.name)}": s.success_rate for s in report.scenarios},
+                     **{f"{k}.{metric_name(s.name)}": v for s in report.scenarios for k, v in s.metrics.items()},
                      **{f"sim_to_real_rmse.{k}": v for k, v in (report.sim_to_real_gap or {}).items()},
                      **({"champion_mean_return": report.champion_mean_return} if champion else {})})
         run.tags({"sim2edge.gate": "pass" if report.passed else "fail"})

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from stages.sim.params import PhysicalParams
 
@@ -124,6 +124,8 @@ class ScenarioResult(BaseModel):
     mean_return: float
     champion_success_rate: float | None = None
     champion_mean_return: float | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """{name: mean} of the task's episode metrics (``Task.metrics``)."""
 
 
 class EvalReport(Artifact):

@@ -7,7 +7,7 @@ Python runs once per policy step for all N environments: ``mujoco.rollout`` inte
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mujoco
 import numpy as np
@@ -47,6 +47,8 @@ class StepResult:
     """Observations of the finished episodes' last states, before the auto-reset."""
     qpos: np.ndarray
     """(N, nq) positions at the end of this step, before the auto-reset."""
+    metrics: dict[str, np.ndarray] = field(default_factory=dict)
+    """{name: (N,)} the task's metrics (``Task.step_metrics``) at the end of this step, before the auto-reset."""
 
 
 class BatchedEnv:
@@ -252,6 +254,7 @@ class BatchedEnv:
         inputs = {k: (v.copy() if k == "command" else {n: r.copy() for n, r in v.items()})
                   for k, v in self.inputs().items()}
         reward = self.task.reward(qpos, qvel, self._action_queue[0], **history, **inputs)
+        metrics = self.task.step_metrics(qpos, qvel, **inputs)
         # a NaN state terminates the episode (and would be reported by the caller)
         terminated = ~np.all(np.isfinite(self.state), axis=1)
         if self.terminate:
@@ -274,7 +277,7 @@ class BatchedEnv:
         else:
             final_obs, obs = np.zeros((0, self.task.obs_dim), dtype=np.float32), self.observe()
         self._check_finite("", obs, self._all)
-        return StepResult(obs, reward, terminated, truncated, done, returns, success, lengths, final_obs, qpos)
+        return StepResult(obs, reward, terminated, truncated, done, returns, success, lengths, final_obs, qpos, metrics)
 
     def _check_finite(self, name: str, values: np.ndarray, envs: np.ndarray) -> None:
         """Stop at the first NaN/Inf in ``values`` (a reward (N,) or observations (rows, obs_dim) of ``envs``)

@@ -21,7 +21,7 @@ import numpy as np
 
 from stages.sim.kinematics import quat_to_mat
 from stages.sim.params import Randomization
-from stages.sim.task import Command, Task, Term
+from stages.sim.task import Command, Metric, Task, Term
 
 ASSETS = Path(__file__).parent / "assets"
 LEGS = ("FR", "FL", "RR", "RL")
@@ -62,6 +62,8 @@ class Quadruped(Task):
     """One velocity command per episode, uniform in these ranges."""
     sensors: tuple[str, ...] = ("imu_velocity", "imu_gyro", "imu_orientation")
     privileged: tuple[Term, ...] = (Term("torso_height", "m"),)
+    metrics: tuple[Metric, ...] = (Metric("velocity_error", "m/s"),)
+    """How far the base's planar velocity is from the command (falls: the success rate already counts them)."""
     min_height: float = 0.14
     max_tilt: float = 1.0
     """A fall: torso below ``min_height`` (m) or tilted more than ``max_tilt`` (rad) from upright."""
@@ -151,6 +153,12 @@ class Quadruped(Task):
                command: np.ndarray, sensor: dict[str, np.ndarray]) -> np.ndarray:
         terms = self.reward_terms(qpos, qvel, action, last_action, command)
         return sum(w * terms[name] for name, w in self.weights).astype(np.float32)
+
+    def step_metrics(self, qpos: np.ndarray, qvel: np.ndarray, command: np.ndarray,
+                     sensor: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``velocity_error``: |commanded − measured| of the body-frame planar (x, y) base velocity, in m/s."""
+        lin, _, _ = self.base(qpos, qvel)
+        return {"velocity_error": np.linalg.norm(command[:, :2] - lin[:, :2], axis=1)}
 
     def terminated(self, qpos: np.ndarray, qvel: np.ndarray, command: np.ndarray,
                    sensor: dict[str, np.ndarray]) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Literal
 
 import mujoco
 import numpy as np
@@ -53,6 +54,17 @@ class Command:
 
 
 @dataclass(frozen=True)
+class Metric:
+    """A named per-episode measure of how well the task was done (a tracking error): :meth:`Task.step_metrics`
+    gives its value at each control step, evaluation averages it over each episode's steps, and a gate may bound
+    it (a ceiling when lower is better, a floor when higher is)."""
+
+    name: str
+    unit: str
+    better: Literal["lower", "higher"] = "lower"
+
+
+@dataclass(frozen=True)
 class Task:
     """Base class of every task. Subclasses set the fields and implement the vectorized terms.
 
@@ -96,6 +108,8 @@ class Task:
     privileged: tuple[Term, ...] = ()
     """Simulator-only observation terms (``observe_privileged``): the critic sees them besides ``observations``; the
     actor, its export and the bundle never do."""
+    metrics: tuple[Metric, ...] = ()
+    """Per-episode metrics evaluation reports and gates may bound; ``step_metrics`` computes them."""
     preset: Path | None = None
     """A run configuration (YAML, the keys of ``sim2edge run --config``) with this task's training settings; default:
     ``stages/sim/presets/<name>.yaml`` when there is one."""
@@ -262,6 +276,11 @@ class Task:
         """(N,) bool: whether the final state of an episode counts as success (default: always)."""
         return np.ones(len(qpos), dtype=bool)
 
+    def step_metrics(self, qpos: np.ndarray, qvel: np.ndarray, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        """{name: (N,)} each of ``metrics`` at the state after a control step; the same keyword inputs as
+        ``terminated`` (default: none)."""
+        return {}
+
     def history(self, n: int) -> dict[str, np.ndarray]:
         """Keyword arguments of ``observe`` and ``reward`` besides the state: ``last_action`` zeros for ``n`` envs."""
         return {"last_action": np.zeros((n, self.act_dim), dtype=np.float32)} if self.action_history else {}
@@ -415,3 +434,18 @@ class Task:
             if np.shape(done) != (n,) or np.asarray(done).dtype != bool:
                 raise ValueError(f"task {self.name!r}: {name}() gave shape {np.shape(done)} dtype "
                                  f"{np.asarray(done).dtype}, expected (N,) bool")
+        self._check_metrics(self.step_metrics(qpos, qvel, **inputs), n)
+
+    def _check_metrics(self, values: dict[str, np.ndarray], n: int) -> None:
+        """Metrics are named once, lower or higher is better, and ``step_metrics`` gives each finite (N,)."""
+        names = [m.name for m in self.metrics]
+        for m in self.metrics:
+            if names.count(m.name) > 1 or m.better not in ("lower", "higher"):
+                raise ValueError(f"task {self.name!r}: metric {m.name!r} repeats or its better ({m.better!r}) is "
+                                 f"not 'lower' or 'higher'")
+        if sorted(values) != sorted(names):
+            raise ValueError(f"task {self.name!r}: step_metrics() gave {sorted(values)}, expected the metrics {names}")
+        for name, v in values.items():
+            if np.shape(v) != (n,) or not np.all(np.isfinite(v)):
+                raise ValueError(f"task {self.name!r}: step_metrics() gave metric {name!r} shape {np.shape(v)} or "
+                                 f"NaN/Inf, expected finite (N,) at the initial state")

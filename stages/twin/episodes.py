@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mujoco
 import numpy as np
@@ -38,6 +38,8 @@ class Episodes:
     qpos: np.ndarray
     mocap: np.ndarray | None = None
     """(T, N, 3·nmocap) mocap body positions in force during each step (a task's goal marker), or None."""
+    metrics: dict[str, np.ndarray] = field(default_factory=dict)
+    """{name: (N,)} each of the task's metrics averaged over the episode's control steps."""
 
 
 def limited_joints(task: Task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -59,6 +61,7 @@ def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> Episodes:
     returns, success, fell, done = np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
     steps, nan_actions, limit_steps = np.zeros(n, int), np.zeros(n, int), np.zeros(n, int)
     saturated, jerk = np.zeros(n), np.zeros(n)
+    metric_sums = {m.name: np.zeros(n) for m in task.metrics}
     latency, trajectory, marks = [], [], []
     previous = None
     obs = env.reset()
@@ -76,6 +79,8 @@ def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> Episodes:
         steps[live] += 1
         nan_actions[live & bad] += 1
         saturated[live] += (np.abs(action[live]) >= 0.999).mean(axis=1)
+        for name, value in r.metrics.items():
+            metric_sums[name][live] += value[live]
         if previous is not None:
             jerk[live] += np.abs(action[live] - previous[live]).mean(axis=1)
         previous = action
@@ -95,4 +100,5 @@ def run_episodes(policy: OnnxRuntime, env: BatchedEnv) -> Episodes:
     return Episodes(returns=returns, success=success, fell=fell, steps=steps, nan_actions=nan_actions,
                     limit_steps=limit_steps, saturated=saturated / np.maximum(steps, 1),
                     smoothness=jerk / np.maximum(steps - 1, 1), latency_ms=np.array(latency), qpos=np.stack(trajectory),
-                    mocap=np.stack(marks) if marks else None)
+                    mocap=np.stack(marks) if marks else None,
+                    metrics={name: total / np.maximum(steps, 1) for name, total in metric_sums.items()})

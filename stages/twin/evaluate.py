@@ -10,6 +10,7 @@ the sim-to-real check says how far each model's prediction is from the robot.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -24,7 +25,7 @@ from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.twin import report as html_report
 from stages.twin.episodes import Episodes, run_episodes
-from stages.twin.gate import GateConfig, floor_checks, suite_checks
+from stages.twin.gate import GateConfig, check_metric_names, floor_checks, metric_checks, suite_checks
 from stages.twin.stats import bootstrap_mean, wilson
 from stages.twin.suite import NOMINAL, Scenario, Suite, load_suite, suite_path
 
@@ -81,6 +82,8 @@ class Shard(BaseModel):
     latency_ms: tuple[float, ...]
     first: Trajectory
     worst: Trajectory
+    metrics: dict[str, tuple[float, ...]] = Field(default_factory=dict)
+    """{name: per-episode value} of the task's metrics (``Task.metrics``), each averaged over its episode."""
 
 
 def shard_jobs(cfg: EvalConfig, suite: Suite, onnx: Path) -> list[ShardJob]:
@@ -109,11 +112,21 @@ def run_shard(job: ShardJob, task_ref: str, params: PhysicalParams) -> Shard:
                  fell=tuple(e.fell.tolist()), steps=tuple(e.steps.tolist()), nan_actions=tuple(e.nan_actions.tolist()),
                  limit_steps=tuple(e.limit_steps.tolist()), saturated=tuple(e.saturated.tolist()),
                  smoothness=tuple(e.smoothness.tolist()), latency_ms=tuple(e.latency_ms.tolist()),
-                 first=trajectory(0), worst=trajectory(int(np.argmin(e.returns))))
+                 first=trajectory(0), worst=trajectory(int(np.argmin(e.returns))),
+                 metrics={name: tuple(v.tolist()) for name, v in e.metrics.items()})
 
 
 def _column(shards: list[Shard], name: str) -> np.ndarray:
     return np.concatenate([np.asarray(getattr(s, name), dtype=float) for s in shards])
+
+
+def metric_summary(shards: list[Shard], seed: int) -> dict[str, dict]:
+    """{name: {"mean", "ci95"}} of each task metric over the scenario's episodes (a bootstrap interval)."""
+    out = {}
+    for name in shards[0].metrics:
+        values = np.concatenate([np.asarray(s.metrics[name], dtype=float) for s in shards])
+        out[name] = {"mean": float(values.mean()), "ci95": list(bootstrap_mean(values, seed=seed))}
+    return out
 
 
 def summarize(name: str, shards: list[Shard], seed: int) -> dict:
@@ -130,6 +143,7 @@ def summarize(name: str, shards: list[Shard], seed: int) -> dict:
         "saturation_fraction": float((_column(shards, "saturated") * steps).sum() / steps.sum()),
         "smoothness": float(_column(shards, "smoothness").mean()),
         "latency_ms_p50": float(np.percentile(latency, 50)), "latency_ms_p99": float(np.percentile(latency, 99)),
+        "metrics": metric_summary(shards, seed),
     }
 
 
@@ -179,7 +193,9 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
     ``shards`` / ``champion_shards``: results of :func:`shard_jobs` already run elsewhere (a fan-out);
     by default they run here, one after another."""
     suite = cfg.load_suite(policy.task)
-    period = load(policy.task).ctrl_dt
+    task = load(policy.task)
+    check_metric_names([*gate.metric_limits, *(n for sc in suite.scenarios for n in sc.metric_limits)], task)
+    period = task.ctrl_dt
     shards = shards or [run_shard(j, policy.task, twin.params) for j in shard_jobs(cfg, suite, policy.path)]
     if champion is not None and not champion_shards:
         champion_shards = [run_shard(j, policy.task, twin.params) for j in shard_jobs(cfg, suite, champion.onnx)]
@@ -197,6 +213,8 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
                                sc.min_success_rate if sc.min_success_rate is not None else gate.min_success_rate,
                                row["mean_return_ci95"][0],
                                sc.min_mean_return if sc.min_mean_return is not None else gate.min_mean_return)
+        checks += metric_checks(sc.name, task.metrics, {k: v["ci95"] for k, v in row["metrics"].items()},
+                                {**gate.metric_limits, **sc.metric_limits})
         scenarios.append(row)
     paired = bootstrap_mean(np.concatenate(diffs), seed=cfg.seed) if diffs else None
     latency = np.concatenate([s.latency_ms for s in shards])
@@ -214,7 +232,7 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
         "task": policy.task, "twin_digest": twin.digest, "policy_digest": policy.digest, "seed": cfg.seed,
         "suite": suite.model_dump(mode="json"), "control_period_s": period,
         "latency_ms_p50": latency_p50, "latency_ms_p99": latency_p99,
-        "scenarios": scenarios,
+        "metrics": [asdict(m) for m in task.metrics], "scenarios": scenarios,
         "champion": None if champion is None else {"version": champion.version, "paired_difference_ci95": list(paired)},
         "sim_to_real": check, "gate": gate.model_dump(), "checks": [c.model_dump() for c in checks],
         "passed": passed, "reasons": list(reasons),
@@ -232,7 +250,8 @@ def evaluate(cfg: EvalConfig, gate: GateConfig, policy: ExportedPolicy, twin: Tw
         scenarios=tuple(ScenarioResult(name=r["scenario"], success_rate=r["success_rate"], success_low=r["success_rate_ci95"][0],
                                        mean_return=r["mean_return"],
                                        champion_mean_return=r.get("champion", {}).get("mean_return"),
-                                       champion_success_rate=r.get("champion", {}).get("success_rate"))
+                                       champion_success_rate=r.get("champion", {}).get("success_rate"),
+                                       metrics={k: v["mean"] for k, v in r["metrics"].items()})
                         for r in scenarios),
         latency_ms_p99=report["latency_ms_p99"],
         sim_to_real_gap={k: check[k]["trajectory_rmse"] for k in ("twin", "uncalibrated")} if check else None,

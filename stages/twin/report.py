@@ -53,11 +53,15 @@ def write(report: dict, task_ref: str, videos: list, out_dir: Path, champion: Op
     """Write ``report.html`` (and the plot and GIFs beside it) into ``out_dir``."""
     plot_scenarios(report, out_dir / "scenarios.png", champion)
     ci = lambda v: f"[{v[0]:.2f}, {v[1]:.2f}]"  # noqa: E731
+    metrics = report["metrics"]
     scen = _table(
-        ["scenario", "episodes", "success", "95% CI", "return", "95% CI", "falls", "NaN", "at limit", "saturated",
+        ["scenario", "episodes", "success", "95% CI", "return", "95% CI"]
+        + [f"{m['name']} ({m['unit']}, 95% CI)" for m in metrics] + ["falls", "NaN", "at limit", "saturated",
          "smoothness", "latency p50/p99 ms"] + ([f"champion v{champion} success", "champion return", "Δ return"] if champion else []),
         [[r["scenario"], r["episodes"], f"{r['success_rate']:.2f}", ci(r["success_rate_ci95"]), f"{r['mean_return']:.1f}",
-          ci(r["mean_return_ci95"]), r["falls"], r["nan_actions"], f"{r['joint_limit_fraction']:.3f}",
+          ci(r["mean_return_ci95"])]
+         + [f"{r['metrics'][m['name']]['mean']:.3f} {ci(r['metrics'][m['name']]['ci95'])}" for m in metrics]
+         + [r["falls"], r["nan_actions"], f"{r['joint_limit_fraction']:.3f}",
           f"{r['saturation_fraction']:.3f}", f"{r['smoothness']:.3f}", f"{r['latency_ms_p50']:.3f} / {r['latency_ms_p99']:.3f}"]
          + ([f"{r['champion']['success_rate']:.2f}", f"{r['champion']['mean_return']:.1f}",
              f"{r['champion']['mean_difference']:+.1f}"] if champion else []) for r in report["scenarios"]])

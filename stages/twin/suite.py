@@ -32,6 +32,8 @@ class Scenario(BaseModel):
     disturbance: Disturbance = Field(default_factory=Disturbance)
     min_success_rate: Optional[float] = Field(None, ge=0, le=1, description="This scenario's success floor.")
     min_mean_return: Optional[float] = Field(None, description="This scenario's return floor.")
+    metric_limits: dict[str, float] = Field(default_factory=dict, description="This scenario's limits on task "
+                                            "metrics, by name (over the gate's defaults).")
 
     def params(self, twin: PhysicalParams) -> PhysicalParams:
         """The twin's parameters with this scenario's shifts applied."""
