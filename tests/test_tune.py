@@ -76,10 +76,10 @@ def test_a_trial_stopped_by_its_minutes_between_evaluations_is_scored_on_its_fin
     assert result.trials[0].state == "COMPLETE" and number == 0 and step < 500
 
 
-async def task_run_names(flow_run_id) -> list[str]:
+async def task_runs(flow_run_id) -> dict:
     async with get_client() as client:
         runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-        return sorted(r.name for r in runs)
+        return {r.name: r for r in runs}
 
 
 def test_flow_runs_trials_two_at_a_time_and_writes_the_best(prefect_harness, tmp_path):
@@ -95,8 +95,9 @@ def test_flow_runs_trials_two_at_a_time_and_writes_the_best(prefect_harness, tmp
     params = resolve("cartpole", out, [], {}).model_dump()
     assert params["num_envs"] == result.best_params["num_envs"]
     assert params["train"]["learning_rate"] == result.best_params["learning_rate"]
-    names = asyncio.run(task_run_names(state.state_details.flow_run_id))
-    assert names == ["trial 0", "trial 1", "trial 2", "trial 3"]
+    runs = asyncio.run(task_runs(state.state_details.flow_run_id))
+    assert sorted(runs) == ["trial 0", "trial 1", "trial 2", "trial 3"]
+    assert runs["trial 1"].start_time < runs["trial 0"].end_time  # the first two ran at once
 
 
 @flow
