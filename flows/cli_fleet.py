@@ -88,8 +88,8 @@ def serve(
     timezone: str = typer.Option("UTC", help="Timezone of the nightly schedule (IANA name)."),
     cron: str = typer.Option("0 2 * * *", help="Nightly schedule."),
 ) -> None:
-    """Serve the sim-to-edge and nightly-retrain deployments from this process (one machine) on the Prefect
-    server of `sim2edge up` (or PREFECT_API_URL); Ctrl-C stops."""
+    """Serve the sim-to-edge, nightly-retrain, rollout and tune deployments from this process (one machine) on the
+    Prefect server of `sim2edge up` (or PREFECT_API_URL); Ctrl-C stops."""
     ws = Workspace.from_env()
     ws.home.mkdir(parents=True, exist_ok=True)
     ws.configure_prefect()
@@ -108,7 +108,7 @@ def deploy(
     pool: str = typer.Option("sim2edge-process", help="Process work pool (created if missing)."),
     timezone: str = typer.Option("UTC", help="Timezone of the nightly schedule (IANA name)."),
 ) -> None:
-    """Register the deployments of prefect.yaml (sim-to-edge, rollout, nightly-retrain) on a work pool of the Prefect server (PREFECT_API_URL)."""
+    """Register the deployments of prefect.yaml (sim-to-edge, rollout, tune, nightly-retrain) on a work pool of the Prefect server (PREFECT_API_URL)."""
     ws = Workspace.from_env()
     ws.configure_prefect()
     from flows.deployments import deploy as deploy_all

@@ -1,5 +1,6 @@
 """``sim2edge tune``: search a task's PPO settings with Optuna (:mod:`stages.tune`), one MLflow run per trial under
-a ``tune`` parent run, the best written as a run configuration for ``sim2edge run --config``."""
+a ``tune`` parent run, the best written as a run configuration for ``sim2edge run --config``; it runs the Prefect
+flow ``tune`` (:mod:`flows.tune_flow`) in this process."""
 
 from __future__ import annotations
 
@@ -21,49 +22,36 @@ def tune(
     eval_episodes: int = typer.Option(16, min=1, help="Episodes per deterministic evaluation."),
     pruner: str = typer.Option("median", help="median or halving (successive halving)."),
     seed: int = typer.Option(0, help="Seeds the sampler and every trial."),
+    parallel: int = typer.Option(1, min=1, max=64, help="Trials running at once (threads of the tune flow)."),
     out: Optional[Path] = typer.Option(None, help="Where to write the best config [default: ./<task>-tuned.yaml]."),
 ) -> None:
     """Search learning rate, entropy, γ, λ, network sizes, envs × steps, noise std and desired KL with Optuna.
 
     Each trial trains in the task's nominal twin and is scored by its last deterministic evaluation; weak trials are
-    pruned early. The best config is written as a run configuration: `sim2edge run --config FILE`."""
+    pruned early. Runs as the Prefect flow `tune`. The best config is written as a run configuration:
+    `sim2edge run --config FILE`."""
     check_task(task)
     if pruner not in ("median", "halving"):
         fail(f"--pruner {pruner!r}: choose median or halving")
-    import optuna
-
-    from flows.run_config import resolve
-    from flows.tune_log import MlflowTrials
-    from registry.tracking import finish_pipeline, start_pipeline
+    ws = Workspace.from_env()
+    ws.home.mkdir(parents=True, exist_ok=True)
+    ws.configure_prefect()
+    from flows.tune_flow import TuneParams, tune as tune_flow
     from stages.sim.registry import load
-    from stages.train import TrainConfig
-    from stages.tune import TuneConfig, tune as search, write_preset
+    from stages.tune import TuneConfig
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = TuneConfig(task=task, trials=trials, minutes=minutes, iterations=iterations, eval_every=eval_every,
                      eval_episodes=eval_episodes, pruner=pruner, seed=seed)
-    preset = resolve(task, None, [], {})  # the task preset's settings for what the search does not set
-    base = TrainConfig(task=task, num_envs=preset.num_envs, **preset.train.model_dump())
-    name = load(task).name
-    ws = Workspace.from_env()
-    ctx = start_pipeline(ws.tracking_uri(), f"sim2edge/{name}", ws.artifact_root(), "tune",
-                         {"sim2edge.stage": "tune"}, cfg.model_dump())
-    log = MlflowTrials(ctx)
+    path = (out or Path(f"{load(task).name}-tuned.yaml")).absolute()
     try:
-        result = search(cfg, base, log)
+        summary = tune_flow(TuneParams(search=cfg, parallel=parallel, out=str(path)))
     except ValueError as e:
-        finish_pipeline(ctx, False)
         fail(str(e))
-    except BaseException:
-        finish_pipeline(ctx, False)
-        raise
-    path = write_preset(out or Path(f"{name}-tuned.yaml"), result, cfg)
-    log.best(result, path)
-    finish_pipeline(ctx, True)
+    result = summary.result
     rows = [[str(t.number), t.state, "" if t.value is None else f"{t.value:.2f}",
              ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())]
             for t in result.trials]
     print_listing(listing(["trial", "state", "eval return", "params"], rows))
     console.print(f"best: trial {result.best_number}, eval return {result.best_value:.2f}; MLflow run "
-                  f"{ctx.parent_run_id} ({ctx.tracking_uri})", markup=False, highlight=False, soft_wrap=True)
-    console.print(f"sim2edge run --config {path}", markup=False, highlight=False, soft_wrap=True)
+                  f"{summary.mlflow_run_id} ({summary.tracking_uri})", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"sim2edge run --config {summary.preset}", markup=False, highlight=False, soft_wrap=True)

@@ -1,7 +1,8 @@
-"""The deployments: ``sim-to-edge`` (manual), ``nightly-retrain`` (cron, one at a time) and ``rollout`` (manual,
-one at a time: a staged rollout of a published version, ring by ring).
+"""The deployments: ``sim-to-edge`` (manual), ``nightly-retrain`` (cron, one at a time), ``rollout`` (manual,
+one at a time: a staged rollout of a published version, ring by ring) and ``tune`` (manual, one at a time: an Optuna
+search of a task's PPO settings).
 
-``prefect.yaml`` declares the same three for a process work pool (``sim2edge deploy``);
+``prefect.yaml`` declares the same four for a process work pool (``sim2edge deploy``);
 ``serve`` runs them from one process on a single machine (``sim2edge serve``).
 """
 
@@ -20,13 +21,17 @@ from flows.nightly import nightly_retrain
 from flows.rollout import rollout
 from flows.sim_to_edge import sim_to_edge
 from flows.services import PrefectUnavailable, prefect_api
+from flows.tune_flow import tune
 
 NIGHTLY_CRON = "0 2 * * *"
 ONE_AT_A_TIME = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
 """An overlapping nightly run is cancelled, never queued behind the running one: two cannot both promote. The same
-for rollouts: a second one started while one runs is cancelled, not left to start by surprise later."""
+for rollouts: a second one started while one runs is cancelled, not left to start by surprise later; and for
+searches, which would share the machine's cores."""
 ROLLOUT_DESCRIPTION = ("A staged rollout of one published version, ring by ring: halts and rolls back a failing ring; "
                        "one at a time.")
+TUNE_DESCRIPTION = ("An Optuna search of a task's PPO settings, trials in parallel; the best written as a run "
+                    "configuration. One at a time.")
 
 
 def nightly_description(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> str:
@@ -46,6 +51,8 @@ def deployments(timezone: str = "UTC", cron: str = NIGHTLY_CRON) -> list[RunnerD
                                       description=nightly_description(timezone, cron)),
         rollout.to_deployment(name="rollout", description=ROLLOUT_DESCRIPTION, concurrency_limit=ONE_AT_A_TIME,
                               tags=["sim2edge", "fleet"]),
+        tune.to_deployment(name="tune", description=TUNE_DESCRIPTION, concurrency_limit=ONE_AT_A_TIME,
+                           tags=["sim2edge", "tune"]),
     ]
 
 
@@ -108,7 +115,7 @@ def deploy(pool: str, timezone: str) -> subprocess.CompletedProcess:
     ensure_process_pool(pool)
     base = [sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--prefect-file", str(REPO / "prefect.yaml"),
             "--pool", pool]
-    for extra in (["--name", "sim-to-edge"], ["--name", "rollout"],
+    for extra in (["--name", "sim-to-edge"], ["--name", "rollout"], ["--name", "tune"],
                   ["--name", "nightly-retrain", "--timezone", timezone, "--description", nightly_description(timezone)]):
         out = subprocess.run([*base, *extra], cwd=REPO, capture_output=True, text=True, timeout=300)
         if out.returncode != 0:

@@ -1,8 +1,9 @@
 """Hyperparameter search over :class:`stages.train.TrainConfig` with Optuna.
 
 Each trial trains in the task's nominal twin with deterministic evaluation every ``eval_every`` iterations; the
-evaluations feed the pruner, and the trial's score is its last one. Logging (MLflow) stays at the edges: ``tune``
-reports to a :class:`TrialLog` that the caller passes in.
+evaluations feed the pruner, and the trial's score is its last one. One trial is :func:`run_trial`: ``tune`` runs
+them one after the other (``study.optimize``); the ``tune`` flow (flows/tune_flow.py) asks and tells several at a
+time. Logging (MLflow) stays at the edges: a :class:`TrialLog` that the caller passes in.
 """
 
 from __future__ import annotations
@@ -77,80 +78,109 @@ def _key(values: tuple[int, ...], sep: str) -> str:
 
 
 def suggest(trial: optuna.Trial, cfg: TuneConfig) -> dict[str, Any]:
-    """The trial's :data:`TUNED` values (categorical tuples are sampled as their string keys)."""
+    """Sample the trial's :data:`TUNED` values (categorical tuples are sampled as their string keys)."""
+    trial.suggest_categorical("envs_steps", [_key(c, "x") for c in cfg.envs_steps])
+    trial.suggest_float("learning_rate", 1e-4, 3e-3, log=True)
+    trial.suggest_float("entropy_coef", 0.0, 0.02)
+    trial.suggest_float("gamma", 0.95, 0.999)
+    trial.suggest_float("gae_lambda", 0.9, 0.99)
+    trial.suggest_categorical("hidden_dims", [_key(c, "-") for c in cfg.hidden_dims])
+    trial.suggest_float("init_noise_std", 0.2, 1.2)
+    trial.suggest_float("desired_kl", 0.005, 0.05, log=True)
+    return decode(trial.params, cfg)
+
+
+def decode(params: dict[str, Any], cfg: TuneConfig) -> dict[str, Any]:
+    """The :data:`TUNED` values of a trial's Optuna params; {} for a trial that sampled none."""
+    if not params:
+        return {}
     envs_steps = {_key(c, "x"): c for c in cfg.envs_steps}
     hidden = {_key(c, "-"): c for c in cfg.hidden_dims}
-    num_envs, steps_per_env = envs_steps[trial.suggest_categorical("envs_steps", list(envs_steps))]
-    return {
-        "learning_rate": trial.suggest_float("learning_rate", 1e-4, 3e-3, log=True),
-        "entropy_coef": trial.suggest_float("entropy_coef", 0.0, 0.02),
-        "gamma": trial.suggest_float("gamma", 0.95, 0.999),
-        "gae_lambda": trial.suggest_float("gae_lambda", 0.9, 0.99),
-        "hidden_dims": hidden[trial.suggest_categorical("hidden_dims", list(hidden))],
-        "num_envs": num_envs,
-        "steps_per_env": steps_per_env,
-        "init_noise_std": trial.suggest_float("init_noise_std", 0.2, 1.2),
-        "desired_kl": trial.suggest_float("desired_kl", 0.005, 0.05, log=True),
-    }
+    num_envs, steps_per_env = envs_steps[params["envs_steps"]]
+    floats = ("learning_rate", "entropy_coef", "gamma", "gae_lambda", "init_noise_std", "desired_kl")
+    return {**{k: params[k] for k in floats}, "hidden_dims": hidden[params["hidden_dims"]], "num_envs": num_envs,
+            "steps_per_env": steps_per_env}
 
 
 def make_pruner(name: str) -> optuna.pruners.BasePruner:
     return optuna.pruners.MedianPruner() if name == "median" else optuna.pruners.SuccessiveHalvingPruner()
 
 
-def tune(cfg: TuneConfig, base: Optional[TrainConfig] = None, log: Optional[TrialLog] = None,
-         pruner: Optional[optuna.pruners.BasePruner] = None) -> TuneResult:
-    """Run the search in the task's nominal twin; ``base`` gives the fields not searched (e.g. the task preset's
-    disturbance; its task, budget and evaluation are ``cfg``'s), ``pruner`` overrides ``cfg.pruner``. A trial
-    whose training diverges is FAIL (the checkpoints live in a temporary folder; a pruned trial leaves nothing);
-    a search with no COMPLETE trial raises ValueError."""
-    base = base or TrainConfig(task=cfg.task)
+def make_study(cfg: TuneConfig, pruner: Optional[optuna.pruners.BasePruner] = None) -> optuna.Study:
+    """An in-memory study maximizing the score: TPE seeded by ``cfg.seed``; ``pruner`` overrides ``cfg.pruner``."""
+    return optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=cfg.seed),
+                               pruner=pruner or make_pruner(cfg.pruner))
+
+
+def trial_config(cfg: TuneConfig, base: TrainConfig, values: dict[str, Any],
+                 minutes_left: Optional[float]) -> TrainConfig:
+    """``base`` with the trial's values and ``cfg``'s budget and evaluation; its minutes the smaller of
+    ``cfg.minutes_per_trial`` and what is left of the search (``minutes_left``)."""
+    limits = [m for m in (cfg.minutes_per_trial, minutes_left) if m is not None]
+    return TrainConfig.model_validate({
+        **base.model_dump(), **values, "task": cfg.task, "iterations": cfg.iterations, "seed": cfg.seed,
+        "eval_every": cfg.eval_every, "eval_episodes": cfg.eval_episodes, "nthread": cfg.nthread,
+        "target_return": None, "checkpoint_every": 0, "minutes": max(min(limits), 1e-3) if limits else None})
+
+
+def run_trial(cfg: TuneConfig, base: TrainConfig, trial: optuna.Trial, log: Optional[TrialLog] = None,
+              minutes_left: Optional[float] = None) -> float:
+    """Train one trial in the task's nominal twin and return its score. Raises :class:`optuna.TrialPruned` when the
+    pruner stops it at an evaluation, :class:`NonFiniteTraining` when training diverges (the checkpoints live in a
+    temporary folder). Works with ``study.optimize`` and with ``study.ask``/``tell``."""
     task = load(cfg.task)
     twin = task.nominal_params()
+    values = suggest(trial, cfg)
+    last: dict[str, float] = {}
+
+    def on_iteration(it: int, metrics: dict[str, float]) -> None:
+        if "eval_return" not in metrics:
+            return
+        last.update(step=it + 1, value=metrics["eval_return"])
+        trial.report(metrics["eval_return"], it + 1)
+        if log:
+            log.step(trial.number, it + 1, metrics["eval_return"])
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"eval_return {metrics['eval_return']:.3f} at iteration {it + 1}")
+
+    if log:
+        log.start(trial.number, values)
+    with tempfile.TemporaryDirectory(prefix=f"sim2edge-tune-{trial.number}-") as tmp:
+        ckpt = train(trial_config(cfg, base, values, minutes_left), twin, Path(tmp) / "checkpoint",
+                     on_iteration=on_iteration)
+        if last.get("step") == ckpt.iterations:
+            return last["value"]
+        # stopped by its minutes between evaluations: score the final policy
+        value = deterministic_return(load_actor(ckpt.path), task, twin, cfg.eval_episodes, cfg.nthread)
+    if log:
+        log.step(trial.number, ckpt.iterations, value)
+    return value
+
+
+def tune(cfg: TuneConfig, base: Optional[TrainConfig] = None, log: Optional[TrialLog] = None,
+         pruner: Optional[optuna.pruners.BasePruner] = None) -> TuneResult:
+    """Run the search one trial at a time (:func:`run_trial`); ``base`` gives the fields not searched (e.g. the task
+    preset's disturbance; its task, budget and evaluation are ``cfg``'s), ``pruner`` overrides ``cfg.pruner``. A trial
+    whose training diverges is FAIL; a search with no COMPLETE trial raises ValueError."""
+    base = base or TrainConfig(task=cfg.task)
     end = time.monotonic() + 60 * (cfg.minutes or math.inf)
-    params: dict[int, dict[str, Any]] = {}
 
     def objective(trial: optuna.Trial) -> float:
-        params[trial.number] = values = suggest(trial, cfg)
-        limits = [m for m in (cfg.minutes_per_trial, (end - time.monotonic()) / 60 if cfg.minutes else None)
-                  if m is not None]
-        train_cfg = TrainConfig.model_validate({
-            **base.model_dump(), **values, "task": cfg.task, "iterations": cfg.iterations, "seed": cfg.seed,
-            "eval_every": cfg.eval_every, "eval_episodes": cfg.eval_episodes, "nthread": cfg.nthread,
-            "target_return": None, "checkpoint_every": 0, "minutes": max(min(limits), 1e-3) if limits else None})
-        last: dict[str, float] = {}
-
-        def on_iteration(it: int, metrics: dict[str, float]) -> None:
-            if "eval_return" not in metrics:
-                return
-            last.update(step=it + 1, value=metrics["eval_return"])
-            trial.report(metrics["eval_return"], it + 1)
-            if log:
-                log.step(trial.number, it + 1, metrics["eval_return"])
-            if trial.should_prune():
-                raise optuna.TrialPruned(f"eval_return {metrics['eval_return']:.3f} at iteration {it + 1}")
-
-        if log:
-            log.start(trial.number, values)
-        with tempfile.TemporaryDirectory(prefix=f"sim2edge-tune-{trial.number}-") as tmp:
-            ckpt = train(train_cfg, twin, Path(tmp) / "checkpoint", on_iteration=on_iteration)
-            if last.get("step") == ckpt.iterations:
-                return last["value"]
-            # stopped by its minutes between evaluations: score the final policy
-            value = deterministic_return(load_actor(ckpt.path), task, twin, cfg.eval_episodes, cfg.nthread)
-        if log:
-            log.step(trial.number, ckpt.iterations, value)
-        return value
+        return run_trial(cfg, base, trial, log, (end - time.monotonic()) / 60 if cfg.minutes else None)
 
     def finished(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if log:
-            log.finish(result_of(trial, params))
+            log.finish(result_of(trial, cfg))
 
-    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=cfg.seed),
-                                pruner=pruner or make_pruner(cfg.pruner))
+    study = make_study(cfg, pruner)
     study.optimize(objective, n_trials=cfg.trials, timeout=60 * cfg.minutes if cfg.minutes else None,
                    catch=(NonFiniteTraining,), callbacks=[finished])
-    trials = tuple(result_of(t, params) for t in study.trials)
+    return summarize(study, cfg)
+
+
+def summarize(study: optuna.Study, cfg: TuneConfig) -> TuneResult:
+    """The study's trials and its best COMPLETE one; ValueError when none completed."""
+    trials = tuple(result_of(t, cfg) for t in study.trials)
     complete = [t for t in trials if t.state == "COMPLETE"]
     if not complete:
         raise ValueError(f"no trial completed ({', '.join(f'{t.number}: {t.state}' for t in trials)})")
@@ -158,9 +188,8 @@ def tune(cfg: TuneConfig, base: Optional[TrainConfig] = None, log: Optional[Tria
     return TuneResult(best_number=best.number, best_value=best.value, best_params=best.params, trials=trials)
 
 
-def result_of(trial: optuna.trial.FrozenTrial, params: dict[int, dict[str, Any]]) -> TrialResult:
-    return TrialResult(number=trial.number, state=trial.state.name, value=trial.value,
-                       params=params.get(trial.number, {}))
+def result_of(trial: optuna.trial.FrozenTrial, cfg: TuneConfig) -> TrialResult:
+    return TrialResult(number=trial.number, state=trial.state.name, value=trial.value, params=decode(trial.params, cfg))
 
 
 def preset_yaml(result: TuneResult, cfg: TuneConfig) -> str:

@@ -1,4 +1,4 @@
-"""What Prefect shows: `sim2edge deploy` registers prefect.yaml's two deployments with the nightly cron and
+"""What Prefect shows: `sim2edge deploy` registers prefect.yaml's four deployments with the nightly cron and
 timezone (named in the description the card shows), `sim2edge serve` needs a running server and stops in one
 line when it went away, and evaluation shards' task runs say which policy, scenario and seed they ran."""
 
@@ -24,7 +24,7 @@ from prefect.settings import PREFECT_API_URL
 
 from edge.bundle import sha256_path
 from flows import services
-from flows.deployments import NIGHTLY_CRON, ONE_AT_A_TIME, REPO, deployments, nightly_description
+from flows.deployments import NIGHTLY_CRON, ONE_AT_A_TIME, REPO, TUNE_DESCRIPTION, deployments, nightly_description
 from flows.stage_tasks import evaluate_shard
 from flows.workspace import Workspace
 from stages.sim.params import PhysicalParams
@@ -66,12 +66,16 @@ def test_deploy_registers_each_with_the_nightly_schedule(prefect_harness, tmp_pa
     assert rollout.entrypoint == "flows/rollout.py:rollout" and rollout.schedules == []
     assert rollout.concurrency_options.collision_strategy.value == "CANCEL_NEW"  # never two rollouts at once
     assert manual.schedules == [] and nightly.entrypoint == "flows/nightly.py:nightly_retrain"
+    tune = found["tune"]
+    assert tune.entrypoint == "flows/tune_flow.py:tune" and tune.schedules == [] and tune.work_pool_name == "test-pool"
+    assert tune.concurrency_options.collision_strategy.value == "CANCEL_NEW"  # one search at a time
+    assert schema_property(tune.parameter_openapi_schema, "parallel")["default"] == 1
     task = schema_property(manual.parameter_openapi_schema, "task")
     assert task["enum"] == names() == ["arm6", "cartpole", "quadruped", "reacher"]  # the form's picker lists the registered tasks
 
 
 def test_served_deployments_match_prefect_yaml():
-    manual, nightly, rollout = deployments("Asia/Tokyo")
+    manual, nightly, rollout, tune = deployments("Asia/Tokyo")
     assert manual.name == "sim-to-edge" and not manual.schedules
     assert rollout.name == "rollout" and not rollout.schedules and rollout.concurrency_limit == 1
     assert rollout.concurrency_options.collision_strategy == ONE_AT_A_TIME.collision_strategy
@@ -80,13 +84,18 @@ def test_served_deployments_match_prefect_yaml():
     assert nightly.description.endswith("every day at 02:00 Asia/Tokyo.")
     assert nightly.concurrency_limit == ONE_AT_A_TIME.limit == 1
     assert nightly.concurrency_options.collision_strategy == ONE_AT_A_TIME.collision_strategy
-    (_, custom, _) = deployments("America/New_York", "30 4 * * 1-5")
+    assert tune.name == "tune" and not tune.schedules and tune.concurrency_limit == 1
+    assert tune.concurrency_options.collision_strategy == ONE_AT_A_TIME.collision_strategy
+    (_, custom, _, _) = deployments("America/New_York", "30 4 * * 1-5")
     assert custom.description.endswith("cron 30 4 * * 1-5 (America/New_York).")
     declared = {d["name"]: d for d in yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]}
     assert set(declared) == {d.name for d in deployments()}
     assert declared["rollout"]["entrypoint"] == "flows/rollout.py:rollout"
     assert declared["rollout"]["description"] == rollout.description
     assert declared["rollout"]["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
+    assert declared["tune"]["entrypoint"] == "flows/tune_flow.py:tune"
+    assert declared["tune"]["description"] == TUNE_DESCRIPTION == tune.description
+    assert declared["tune"]["concurrency_limit"] == {"limit": 1, "collision_strategy": "CANCEL_NEW"}
     ((yaml_schedule,),) = [declared["nightly-retrain"]["schedules"]]
     assert (yaml_schedule["cron"], yaml_schedule["timezone"]) == (NIGHTLY_CRON, "UTC")
     assert declared["nightly-retrain"]["description"] == nightly_description("UTC") == nightly.description.replace(
@@ -155,7 +164,7 @@ def test_stopping_serve_after_its_server_stopped_prints_one_line(tmp_path):
         serve = subprocess.Popen([str(Path(sys.executable).parent / "sim2edge"), "serve"], env=env,
                                  stdout=open(out, "wb"), stderr=open(err, "wb"))
         deadline = time.monotonic() + 180
-        while sorted(d["status"] for d in served_deployments(url)) != ["READY"] * 3:  # the runner polls each
+        while sorted(d["status"] for d in served_deployments(url)) != ["READY"] * 4:  # the runner polls each
             assert serve.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
             time.sleep(0.5)
     finally:

@@ -1,13 +1,21 @@
-"""``sim2edge tune``: an Optuna search over cart-pole's PPO settings, its pruning, the preset it writes and the CLI."""
+"""``sim2edge tune``: an Optuna search over cart-pole's PPO settings, its pruning, the preset it writes, the ``tune``
+flow running trials two at a time, and the CLI."""
 
 from __future__ import annotations
 
+import asyncio
+
 import optuna
 import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run_config import resolve
+from stages.train import TrainConfig
+from flows.tune_flow import TuneParams, search, tune as tune_flow
 from stages.tune import TuneConfig, tune, write_preset
 
 TINY = TuneConfig(task="cartpole", trials=3, iterations=4, eval_every=2, eval_episodes=4,
@@ -68,18 +76,52 @@ def test_a_trial_stopped_by_its_minutes_between_evaluations_is_scored_on_its_fin
     assert result.trials[0].state == "COMPLETE" and number == 0 and step < 500
 
 
+async def task_runs(flow_run_id) -> dict:
+    async with get_client() as client:
+        runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        return {r.name: r for r in runs}
+
+
+def test_flow_runs_trials_two_at_a_time_and_writes_the_best(prefect_harness, tmp_path):
+    out = tmp_path / "tuned.yaml"
+    state = tune_flow(TuneParams(search=TINY.model_copy(update={"trials": 4}), parallel=2, out=str(out)),
+                      return_state=True)
+    summary = state.result()
+    result = summary.result
+    assert [t.number for t in result.trials] == [0, 1, 2, 3]
+    assert {t.state for t in result.trials} <= {"COMPLETE", "PRUNED"}
+    assert result.best_value == max(t.value for t in result.trials if t.state == "COMPLETE")
+    assert summary.preset == str(out)
+    params = resolve("cartpole", out, [], {}).model_dump()
+    assert params["num_envs"] == result.best_params["num_envs"]
+    assert params["train"]["learning_rate"] == result.best_params["learning_rate"]
+    runs = asyncio.run(task_runs(state.state_details.flow_run_id))
+    assert sorted(runs) == ["trial 0", "trial 1", "trial 2", "trial 3"]
+    assert runs["trial 1"].start_time < runs["trial 0"].end_time  # the first two ran at once
+
+
+@flow
+def searched_in_a_flow(cfg: TuneConfig, parallel: int) -> list[str]:
+    study = search(cfg, TrainConfig(task=cfg.task), Recorded(), parallel, optuna.pruners.ThresholdPruner(lower=1e9))
+    return [t.state.name for t in study.trials]
+
+
+def test_flow_tells_a_pruned_trial_pruned(prefect_harness):
+    assert searched_in_a_flow(TINY.model_copy(update={"trials": 2}), 2) == ["PRUNED", "PRUNED"]
+
+
 def test_cli_bad_task_is_one_line():
     done = CliRunner().invoke(app, ["tune", "--task", "nosuch"], env={"COLUMNS": "200"})
     assert done.exit_code == 2 and "Traceback" not in done.output
     assert done.output.strip().splitlines() == [done.output.strip()] and "nosuch" in done.output
 
 
-def test_cli_logs_one_mlflow_run_per_trial_and_tags_the_best(tmp_path):
+def test_cli_logs_one_mlflow_run_per_trial_and_tags_the_best(prefect_harness, tmp_path):
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / "tuned.yaml"
     done = CliRunner().invoke(app, ["tune", "--task", "cartpole", "--trials", "2", "--iterations", "2", "--eval-every",
-                                    "2", "--eval-episodes", "2", "--out", str(out)],
+                                    "2", "--eval-episodes", "2", "--parallel", "2", "--out", str(out)],
                               env={"SIM2EDGE_HOME": str(tmp_path / "home"), "MLFLOW_TRACKING_URI": None,
                                    "COLUMNS": "200"})
     assert done.exit_code == 0, done.output
