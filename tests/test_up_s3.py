@@ -1,5 +1,5 @@
 """`sim2edge up --artifacts s3://BUCKET/PREFIX`: MLflow keeps its artifacts in an S3 bucket it proxies, so clients
-(here the stock client and the devices' telemetry upload) need no S3 credentials; a missing bucket, wrong keys or a
+(here the stock client and the devices' telemetry upload) need no S3 credentials; a missing bucket, a dead endpoint or a
 bad URI are refused in one line before anything starts.
 
 The S3 server is moto's (``moto[server]``: the S3 REST API over HTTP on loopback, in this process); no MinIO or AWS
@@ -95,7 +95,6 @@ def test_mlflow_artifacts_land_in_the_bucket_and_clients_need_no_s3_keys(s3, tmp
     ("gs://bucket/x", {}, r"--artifacts 'gs://bucket/x': give s3://BUCKET\[/PREFIX\]"),
     ("s3://No_Such", {}, r"'No_Such' is not an S3 bucket name"),
     ("s3://missing-bucket/p", {}, r"s3://missing-bucket/p at http://127.0.0.1:\d+: no such bucket"),
-    ("BUCKET", {"AWS_SECRET_ACCESS_KEY": "wrong"}, r"s3://\S+ at http://\S+: access denied|refused"),
     ("BUCKET", {"MLFLOW_S3_ENDPOINT_URL": "http://127.0.0.1:9"}, r"at http://127.0.0.1:9: not reachable"),
 ])
 def test_a_bad_artifact_store_is_one_line_before_anything_starts(s3, tmp_path, uri, env, message):
