@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -17,7 +18,9 @@ from flows.cli import app
 from stages.export import ExportConfig, export
 from stages.sim.cartpole import CartPole
 from stages.sim.params import Randomization
+from stages.sim.task import Metric
 from stages.train import TrainConfig, train
+from stages.twin.hil_evaluate import HilGateConfig, HilSuiteConfig, hil_evaluate
 from stages.twin.relay import Impairment, Relay
 from tests.test_evaluate import LATENCY_FRAGILE
 from tests.test_hil import SEED, STEPS, cartpole_store, serve, stop
@@ -62,6 +65,27 @@ def test_clean_link_passes_the_hil_floors_beside_in_process(served, tmp_path):
         assert hil["rtt_ms_p50"] <= hil["rtt_ms_p99"] <= hil["rtt_ms_max"]
         assert r["device"]["observations"] >= hil["steps"]  # the device's own counters, grown over the scenario
     assert doc["round_trip_ms_p99"] < doc["period_s"] * 1e3 and doc["paired_difference_ci95"][0] > -1.0
+
+
+@dataclass(frozen=True)
+class MeasuredCartPole(CartPole):
+    """The cart-pole with an episode metric: how far the pole leans."""
+
+    metrics: tuple[Metric, ...] = (Metric("pole_lean", "rad"),)
+
+    def step_metrics(self, qpos: np.ndarray, qvel: np.ndarray, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        return {"pole_lean": np.abs(qpos[:, 1])}
+
+
+def test_task_metrics_are_reported_over_hil_beside_in_process(served):
+    bundle, _, address, tmp = served
+    cfg = HilSuiteConfig(devices=(address,), episodes=2, seed=SEED, max_steps=STEPS, scenarios=("nominal",))
+    report = hil_evaluate(cfg, HilGateConfig(), tmp / "policy.onnx", f"{__name__}:MeasuredCartPole")
+    (row,) = report.scenarios
+    base, hil = row["in_process"]["metrics"]["pole_lean"], row["hil"]["metrics"]["pole_lean"]
+    for m in (base, hil):
+        assert 0 < m["mean"] < 0.2 and m["ci95"][0] <= m["mean"] <= m["ci95"][1]
+    assert hil["mean"] == pytest.approx(base["mean"], rel=0.3)  # the same seeds, the same balancer, a clean link
 
 
 def test_delay_beyond_the_period_fails_the_hil_gate_naming_the_clauses(served, tmp_path):

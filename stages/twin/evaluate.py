@@ -26,7 +26,7 @@ from stages.sim.registry import load
 from stages.twin import report as html_report
 from stages.twin.episodes import Episodes, run_episodes
 from stages.twin.gate import GateConfig, check_metric_names, floor_checks, metric_checks, suite_checks
-from stages.twin.stats import bootstrap_mean, wilson
+from stages.twin.stats import bootstrap_mean, metric_intervals, wilson
 from stages.twin.suite import NOMINAL, Scenario, Suite, load_suite, suite_path
 
 
@@ -122,11 +122,8 @@ def _column(shards: list[Shard], name: str) -> np.ndarray:
 
 def metric_summary(shards: list[Shard], seed: int) -> dict[str, dict]:
     """{name: {"mean", "ci95"}} of each task metric over the scenario's episodes (a bootstrap interval)."""
-    out = {}
-    for name in shards[0].metrics:
-        values = np.concatenate([np.asarray(s.metrics[name], dtype=float) for s in shards])
-        out[name] = {"mean": float(values.mean()), "ci95": list(bootstrap_mean(values, seed=seed))}
-    return out
+    return metric_intervals({name: np.concatenate([np.asarray(s.metrics[name], dtype=float) for s in shards])
+                             for name in shards[0].metrics}, seed)
 
 
 def summarize(name: str, shards: list[Shard], seed: int) -> dict:

@@ -33,7 +33,7 @@ from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.sim.task import Task
 from stages.twin.hil_link import Arrival, DeviceFailed, DeviceLink, Phase, align
-from stages.twin.stats import bootstrap_mean, wilson
+from stages.twin.stats import bootstrap_mean, metric_intervals, wilson
 from stages.twin.suite import NOMINAL, Scenario
 
 
@@ -79,6 +79,8 @@ class HilEpisode(BaseModel):
     host_overruns: int = Field(description="Periods the host itself ended more than a period late (re-anchored).")
     rtt_ms: tuple[float, ...] = Field(description="Round trip of every arrived action, send to arrival.")
     phase: Phase
+    metrics: dict[str, float] = Field(default_factory=dict, description="The task's metrics (``Task.metrics``), each "
+                                                                        "averaged over the episode's control steps.")
 
 
 class HilResult(BaseModel):
@@ -114,7 +116,9 @@ class HilResult(BaseModel):
                 "falls": self.total("fell"), "steps": self.total("steps"),
                 **{k: self.total(k) for k in ("deadline_misses", "late_actions", "lost_actions", "duplicate_actions",
                                               "stale_actions", "host_overruns", "device_late")},
-                "rtt_ms_p50": rtt["p50"], "rtt_ms_p99": rtt["p99"], "rtt_ms_max": rtt["max"]}
+                "rtt_ms_p50": rtt["p50"], "rtt_ms_p99": rtt["p99"], "rtt_ms_max": rtt["max"],
+                "metrics": metric_intervals({name: np.array([e.metrics[name] for e in self.episodes])
+                                             for name in (self.episodes[0].metrics if self.episodes else {})}, seed)}
 
     def rtt_ms(self) -> dict[str, float]:
         """Round-trip p50, p99 and max over every episode (ms)."""
@@ -231,6 +235,7 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
     link.receive(start)  # stray replies to the probes
     watch.heard = time.monotonic()
     episode_return, success, fell, steps = 0.0, False, False, 0
+    metric_sums = {m.name: 0.0 for m in task.metrics}
 
     def take(arrivals, period_start: float) -> list[tuple[int, np.ndarray]]:
         """Account for arrivals; the applied ones as (substep from ``period_start``, normalized action)."""
@@ -276,6 +281,8 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
         substeps[row] = per_substep
         r = env.step(substeps[:, -1], substeps=substeps)
         steps = k + 1
+        for name, value in r.metrics.items():
+            metric_sums[name] += float(value[row])
         if r.done[row]:
             i = list(np.flatnonzero(r.done)).index(row)
             episode_return, success, fell = float(r.finished_returns[i]), bool(r.finished_success[i]), bool(r.terminated[row])
@@ -290,4 +297,5 @@ def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase
     lost = len(deadline) - len(arrived)
     return HilEpisode(episode=row, episode_return=episode_return, success=success, fell=fell, steps=steps,
                       deadline_misses=misses, late_actions=misses - lost, lost_actions=lost, rtt_ms=tuple(rtt),
-                      phase=phase, **counts), seq
+                      phase=phase, metrics={name: total / max(steps, 1) for name, total in metric_sums.items()},
+                      **counts), seq

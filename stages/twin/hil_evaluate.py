@@ -34,7 +34,7 @@ from stages.twin.episodes import run_episodes
 from stages.twin.gate import Check
 from stages.twin.hil import HilConfig, HilResult, Stopped, hil_task, restarted, run_hil
 from stages.twin.hil_link import DeviceFailed, DeviceLink, parse_address
-from stages.twin.stats import bootstrap_mean, wilson
+from stages.twin.stats import bootstrap_mean, metric_intervals, wilson
 from stages.twin.suite import Scenario, load_suite, suite_path
 
 
@@ -139,7 +139,7 @@ def in_process(onnx: Path, task_ref: str, scenario: Scenario, params: PhysicalPa
     return {"returns": e.returns.tolist(), "success_rate": float(e.success.mean()),
             "success_rate_ci95": list(wilson(int(e.success.sum()), len(e.success))),
             "mean_return": float(e.returns.mean()), "mean_return_ci95": list(bootstrap_mean(e.returns, seed=cfg.seed)),
-            "falls": int(e.fell.sum())}
+            "falls": int(e.fell.sum()), "metrics": metric_intervals(e.metrics, cfg.seed)}
 
 
 def device_counters(r: HilResult) -> Optional[dict]:

@@ -25,3 +25,9 @@ def bootstrap_mean(values: np.ndarray, seed: int = 0, resamples: int = 2000) -> 
     rng = np.random.default_rng(seed)
     means = rng.choice(values, size=(resamples, len(values)), replace=True).mean(axis=1)
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def metric_intervals(values: dict[str, np.ndarray], seed: int = 0) -> dict[str, dict]:
+    """{name: {"mean", "ci95"}} of per-episode task metrics (``Task.metrics``), each with a bootstrap interval."""
+    return {name: {"mean": float(np.mean(v)), "ci95": list(bootstrap_mean(np.asarray(v, dtype=float), seed=seed))}
+            for name, v in values.items()}
