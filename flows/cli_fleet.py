@@ -126,9 +126,12 @@ def publish(
     repo: Path = typer.Option(..., help="TUF repository directory (static files to serve; made on first use)."),
     keys: Optional[Path] = typer.Option(None, help="TUF role keys (default: <workspace>/tuf-keys; never serve it)."),
     timestamp_s: float = typer.Option(86400.0, help="Lifetime of timestamp.json in seconds."),
+    oci: Optional[str] = typer.Option(None, metavar="REGISTRY/NAME[:TAG]", help="Also push the repository as an OCI "
+                                      "artifact (registry/tuf_oci.py; `oras pull` unpacks it)."),
+    plain_http: bool = typer.Option(False, help="Talk to the --oci registry over plain HTTP (a registry on loopback)."),
 ) -> None:
     """Publish a registered version's bundle to a TUF repository (registry/tuf_repo.py) and tag the version
-    with what was published where (sim2edge.tuf)."""
+    with what was published where (sim2edge.tuf; sim2edge.oci with --oci)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -141,6 +144,13 @@ def publish(
     policy, sep, which = ref.partition("@")
     if not sep or not policy or not which:
         fail(f"{ref!r} must look like <policy>@<alias> or <policy>@<version>")
+    if oci is not None:
+        from registry import tuf_oci
+
+        try:
+            tuf_oci.check_reference(oci)
+        except ValueError as e:
+            fail(str(e))
     client = MlflowClient(ws.tracking_uri())
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -150,9 +160,15 @@ def publish(
         tag_published(client, policy, version, repo, done)
     except (MlflowException, OSError, ValueError) as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    try:
+        pushed = tuf_oci.push_repository(repo, oci, policy, version, plain_http) if oci is not None else None
+        if pushed is not None:
+            client.set_model_version_tag(policy, version, "sim2edge.oci", pushed.pinned)
+    except (MlflowException, OSError, ValueError) as e:
+        fail(f"published {policy} v{version} to {repo}, but not pushed: {str(e).splitlines()[0]}")
     console.print(f"published {policy} v{version} to {repo} as {done.target_path} (targets v{done.targets_version}, "
-                  f"snapshot v{done.snapshot_version}, timestamp v{done.timestamp_version})",
-                  soft_wrap=True, markup=False, highlight=False)
+                  f"snapshot v{done.snapshot_version}, timestamp v{done.timestamp_version})"
+                  f"{f'; pushed {pushed.pinned}' if pushed else ''}", soft_wrap=True, markup=False, highlight=False)
 
 
 tuf_app = typer.Typer(no_args_is_help=True, help="Manage the keys of a TUF repository written by `sim2edge publish`.")
