@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -33,8 +34,11 @@ def up(
                                             help="MLflow's artifact store: an S3 bucket the server proxies (its "
                                                  "credentials and MLFLOW_S3_ENDPOINT_URL from the environment; "
                                                  "clients need none); default: the workspace's folder."),
+    max_restarts: int = typer.Option(5, min=0, help="Restarts of a server that exits within 10 minutes before `up` "
+                                                   "gives up and stops both."),
 ) -> None:
-    """Start a Prefect server and an MLflow tracking server for this workspace; Ctrl-C stops both."""
+    """Start a Prefect server and an MLflow tracking server for this workspace, restarting one that exits;
+    Ctrl-C stops both."""
     import signal
 
     from flows import services
@@ -65,11 +69,12 @@ def up(
                   f"{f'artifacts   {store.uri}' + chr(10) if store else ''}"
                   f"{logins(ws) if auth else ''}Ctrl-C stops both.", markup=False, highlight=False, soft_wrap=True)
     try:
-        while all(s.process.poll() is None for s in running):
-            time.sleep(1)
-        console.print("[red]a server exited[/red]; stopping")
+        services.supervise(running, partial(console.print, markup=False, highlight=False, soft_wrap=True),
+                           max_restarts)
     except KeyboardInterrupt:
         console.print("stopping")
+    except services.ServiceError as e:
+        fail(str(e), code=1)
     finally:
         services.stop(running)
         ws.services_file.unlink(missing_ok=True)

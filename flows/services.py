@@ -18,8 +18,10 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from flows import team_artifacts, team_auth, team_database
 from flows.team_artifacts import S3Store
@@ -29,11 +31,14 @@ from flows.workspace import Workspace, healthy
 
 @dataclass
 class Service:
+    """A server process of ``sim2edge up``, with the command and environment that start it again."""
     name: str
     url: str
     health: str
     process: subprocess.Popen
     log: Path
+    cmd: list[str]
+    env: dict[str, str]
 
 
 class ServiceError(RuntimeError):
@@ -211,9 +216,56 @@ def start(ws: Workspace, name: str, cmd: list[str], url: str, health: str, log: 
     # the UI's browser code calls the API at PREFECT_UI_API_URL (default: port 4200)
     env = {**os.environ, "PREFECT_HOME": str(ws.prefect_home), "PREFECT_UI_API_URL": f"{url}/api", **(extra_env or {})}
     env.pop("PREFECT_API_URL", None)
+    return Service(name, url, health, spawn(cmd, env, log), log, cmd, env)
+
+
+def spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    """``cmd`` in a session (and process group) of its own, its output appended to ``log``."""
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return Service(name, url, health, proc, log)
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def kill_group(s: Service, sig: int = signal.SIGKILL) -> None:
+    """Signal ``s``'s process group: the server and what it started (MLflow's uvicorn, Prefect's), if any is left."""
+    try:
+        os.killpg(s.process.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def restart(s: Service, why: str) -> None:
+    """Start ``s`` again with its command and environment, first killing what is left of its group (a worker of a
+    killed server still holds its port), with ``why`` appended to its log."""
+    kill_group(s)
+    with open(s.log, "a") as out:
+        out.write(f"sim2edge up: {why}\n")
+    s.process = spawn(s.cmd, s.env, s.log)
+
+
+def supervise(services: list[Service], report: Callable[[str], None], max_restarts: int = 5,
+              window_s: float = 600, poll_s: float = 1.0) -> NoReturn:
+    """Restart a server that exits, ``report``ing each restart in one line, until one exits again after
+    ``max_restarts`` restarts within ``window_s``: then :class:`ServiceError` names it with its log's end (the
+    caller stops the servers)."""
+    restarts: dict[str, list[float]] = {s.name: [] for s in services}
+    window = f"{window_s / 60:g} min"
+    while True:
+        time.sleep(poll_s)
+        for s in services:
+            code = s.process.poll()
+            if code is None:
+                continue
+            now = time.monotonic()
+            recent = restarts[s.name] = [t for t in restarts[s.name] if now - t < window_s]
+            n = len(recent)
+            if n >= max_restarts:
+                kill_group(s)
+                raise ServiceError(f"{s.name} exited with code {code} after {n} restart{'s' * (n != 1)} in the last "
+                                   f"{window}; giving up; the end of its log {s.log}:\n{log_tail(s.log)}")
+            recent.append(now)
+            line = f"{s.name} exited with code {code}; restarted ({n + 1} of {max_restarts} in the last {window})"
+            restart(s, line)
+            report(line)
 
 
 def wait_healthy(services: list[Service], timeout_s: float = 120) -> None:
@@ -233,16 +285,16 @@ def wait_healthy(services: list[Service], timeout_s: float = 120) -> None:
 
 
 def stop(services: list[Service], grace_s: float = 8.0) -> None:
-    """SIGTERM each process group, then SIGKILL what is still alive after the grace period."""
+    """SIGTERM each process group (SIGKILL what is left of one whose server exited), then SIGKILL what is still
+    alive after the grace period."""
     for s in services:
-        if s.process.poll() is None:
-            os.killpg(s.process.pid, signal.SIGTERM)
+        kill_group(s, signal.SIGTERM if s.process.poll() is None else signal.SIGKILL)
     deadline = time.monotonic() + grace_s
     for s in services:
         try:
             s.process.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(s.process.pid, signal.SIGKILL)
+            kill_group(s)
             s.process.wait()
 
 
