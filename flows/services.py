@@ -269,12 +269,18 @@ def supervise(services: list[Service], report: Callable[[str], None], max_restar
 
 
 def wait_healthy(services: list[Service], timeout_s: float = 120) -> None:
+    """Until every server answers its health check. One that exits during start-up is started once more (Prefect's
+    server once exited at start-up on a loaded machine, in a test run, and started when tried again alone); a
+    second exit is a :class:`ServiceError` with its code and log."""
     deadline = time.monotonic() + timeout_s
-    pending = list(services)
+    pending, retried = list(services), set()
     while pending and time.monotonic() < deadline:
         for s in list(pending):
-            if s.process.poll() is not None:
-                raise ServiceError(f"{s.name} exited with code {s.process.returncode} during start-up; "
+            if s.process.poll() is not None and s.name not in retried:
+                retried.add(s.name)
+                restart(s, f"{s.name} exited with code {s.process.returncode} during start-up; starting it once more")
+            elif s.process.poll() is not None:
+                raise ServiceError(f"{s.name} exited with code {s.process.returncode} during start-up, twice; "
                                    f"the end of its log {s.log}:\n{log_tail(s.log)}")
             if healthy(s.url, s.health):
                 pending.remove(s)
