@@ -294,85 +294,72 @@ def train(
     e.g. a benchmark's own fixed episodes. Torch runs on ``cfg.torch_threads`` threads meanwhile (a process-wide
     setting: concurrent trainings in one process each set it and put back what they found)."""
     with torch_threads(cfg.torch_threads):
-        return _train(cfg, twin, out_dir, on_iteration, warm_start, resume, evaluate)
-
-
-def _train(
-    cfg: TrainConfig,
-    twin: PhysicalParams,
-    out_dir: Path,
-    on_iteration: IterationCallback | None = None,
-    warm_start: Path | None = None,
-    resume: Path | None = None,
-    evaluate: Callable[[torch.nn.Module, Task, PhysicalParams, int, int], float] | None = None,
-) -> Checkpoint:
-    """:func:`train`'s loop."""
-    if warm_start is not None and resume is not None:
-        raise ValueError("give warm_start or resume, not both")
-    task = load(cfg.task)
-    torch.manual_seed(cfg.seed)
-    env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization.around(twin, cfg.twin_intervals),
-                     seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance)
-    vec_env = RslRlEnv(env)
-    alg = build_algorithm(cfg, vec_env)
-    if warm_start is not None:
-        alg.load(torch.load(warm_start, weights_only=False), {"actor": True, "critic": True}, strict=True)
-    first = _resume(alg, vec_env, cfg, twin, resume) if resume is not None else 0
-    alg.train_mode()
-    last_return = -math.inf
-    iterations = cfg.iterations
-    sampler = (OverlappedSampler if cfg.overlap else Sampler)(alg, vec_env, cfg)
-    budget_end, iteration_s = time.perf_counter() + 60 * (cfg.minutes or math.inf), 0.0
-    for it in range(first, cfg.iterations):
-        good = copy.deepcopy(_state(alg, vec_env, twin))  # after the last finite update (normalizer included)
-        start = began = time.perf_counter()
-        final = it + 1 >= cfg.iterations or began + 2 * iteration_s > budget_end  # another would end past the budget
-        try:
-            with sampler.rollout(more=not final) as collect:
-                update_start = time.perf_counter()
-                losses = alg.update()
-                update = time.perf_counter() - update_start
-        except NonFiniteTerm as e:  # the task's own term: named, and stopped before it reaches the weights
-            losses = {str(e): math.nan}
-        except (ValueError, RuntimeError):  # torch refuses to sample from a NaN mean or std mid-update
-            if all_finite(alg):
-                raise
-            losses = {"parameters": math.nan}
-        if not all(math.isfinite(v) for v in losses.values()):
-            ckpt = save_checkpoint(good, it, cfg, out_dir, last_return)
-            raise NonFiniteTraining(f"iteration {it}: training diverged (NaN/Inf in {', '.join(losses)}); the last good "
-                                    f"checkpoint (after {it} iterations) is {ckpt.path}")
-        if vec_env.finished_returns:
-            last_return = float(np.mean(vec_env.finished_returns))
-        metrics = {
-            "mean_return": last_return,
-            "success_rate": float(np.mean(vec_env.finished_success)) if vec_env.finished_success else 0.0,
-            "episodes": float(len(vec_env.finished_returns)),
-            "mean_episode_length": float(np.mean(vec_env.finished_lengths)) if vec_env.finished_lengths else math.nan,
-            "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect.seconds,
-            "collect_time_s": collect.seconds,
-            "iteration_time_s": time.perf_counter() - start,
-            "update_time_s": update,
-            "sample_time_share": collect.seconds / (collect.seconds + update),
-            **{f"loss_{k}": float(v) for k, v in losses.items()},
-        }
-        vec_env.finished_returns.clear()
-        vec_env.finished_success.clear()
-        vec_env.finished_lengths.clear()
-        if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
-            start = time.perf_counter()
-            metrics["eval_return"] = (evaluate or deterministic_return)(alg.actor, task, twin, cfg.eval_episodes,
-                                                                        cfg.nthread)
-            metrics["eval_time_s"] = time.perf_counter() - start
-        if on_iteration:
-            on_iteration(it, metrics)
-        iteration_s = time.perf_counter() - began
-        if final or (cfg.target_return is not None and metrics.get("eval_return", -math.inf) >= cfg.target_return):
-            iterations = it + 1
-            break
-        if cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
-            save_checkpoint(_state(alg, vec_env, twin), it + 1, cfg, out_dir, last_return)
-    return save_checkpoint(_state(alg, vec_env, twin), iterations, cfg, out_dir, last_return)
+        if warm_start is not None and resume is not None:
+            raise ValueError("give warm_start or resume, not both")
+        task = load(cfg.task)
+        torch.manual_seed(cfg.seed)
+        env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization.around(twin, cfg.twin_intervals),
+                         seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance)
+        vec_env = RslRlEnv(env)
+        alg = build_algorithm(cfg, vec_env)
+        if warm_start is not None:
+            alg.load(torch.load(warm_start, weights_only=False), {"actor": True, "critic": True}, strict=True)
+        first = _resume(alg, vec_env, cfg, twin, resume) if resume is not None else 0
+        alg.train_mode()
+        last_return = -math.inf
+        iterations = cfg.iterations
+        sampler = (OverlappedSampler if cfg.overlap else Sampler)(alg, vec_env, cfg)
+        budget_end, iteration_s = time.perf_counter() + 60 * (cfg.minutes or math.inf), 0.0
+        for it in range(first, cfg.iterations):
+            good = copy.deepcopy(_state(alg, vec_env, twin))  # after the last finite update (normalizer included)
+            start = began = time.perf_counter()
+            final = it + 1 >= cfg.iterations or began + 2 * iteration_s > budget_end  # another would end past the budget
+            try:
+                with sampler.rollout(more=not final) as collect:
+                    update_start = time.perf_counter()
+                    losses = alg.update()
+                    update = time.perf_counter() - update_start
+            except NonFiniteTerm as e:  # the task's own term: named, and stopped before it reaches the weights
+                losses = {str(e): math.nan}
+            except (ValueError, RuntimeError):  # torch refuses to sample from a NaN mean or std mid-update
+                if all_finite(alg):
+                    raise
+                losses = {"parameters": math.nan}
+            if not all(math.isfinite(v) for v in losses.values()):
+                ckpt = save_checkpoint(good, it, cfg, out_dir, last_return)
+                raise NonFiniteTraining(f"iteration {it}: training diverged (NaN/Inf in {', '.join(losses)}); the last good "
+                                        f"checkpoint (after {it} iterations) is {ckpt.path}")
+            if vec_env.finished_returns:
+                last_return = float(np.mean(vec_env.finished_returns))
+            metrics = {
+                "mean_return": last_return,
+                "success_rate": float(np.mean(vec_env.finished_success)) if vec_env.finished_success else 0.0,
+                "episodes": float(len(vec_env.finished_returns)),
+                "mean_episode_length": float(np.mean(vec_env.finished_lengths)) if vec_env.finished_lengths else math.nan,
+                "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect.seconds,
+                "collect_time_s": collect.seconds,
+                "iteration_time_s": time.perf_counter() - start,
+                "update_time_s": update,
+                "sample_time_share": collect.seconds / (collect.seconds + update),
+                **{f"loss_{k}": float(v) for k, v in losses.items()},
+            }
+            vec_env.finished_returns.clear()
+            vec_env.finished_success.clear()
+            vec_env.finished_lengths.clear()
+            if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
+                start = time.perf_counter()
+                metrics["eval_return"] = (evaluate or deterministic_return)(alg.actor, task, twin, cfg.eval_episodes,
+                                                                            cfg.nthread)
+                metrics["eval_time_s"] = time.perf_counter() - start
+            if on_iteration:
+                on_iteration(it, metrics)
+            iteration_s = time.perf_counter() - began
+            if final or (cfg.target_return is not None and metrics.get("eval_return", -math.inf) >= cfg.target_return):
+                iterations = it + 1
+                break
+            if cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
+                save_checkpoint(_state(alg, vec_env, twin), it + 1, cfg, out_dir, last_return)
+        return save_checkpoint(_state(alg, vec_env, twin), iterations, cfg, out_dir, last_return)
 
 
 def _state(alg: PPO, vec_env: RslRlEnv, twin: PhysicalParams) -> dict:
