@@ -276,12 +276,13 @@ def wait_healthy(services: list[Service], timeout_s: float = 120) -> None:
     pending, retried = list(services), set()
     while pending and time.monotonic() < deadline:
         for s in list(pending):
-            if s.process.poll() is not None and s.name not in retried:
-                retried.add(s.name)
-                restart(s, f"{s.name} exited with code {s.process.returncode} during start-up; starting it once more")
-            elif s.process.poll() is not None:
-                raise ServiceError(f"{s.name} exited with code {s.process.returncode} during start-up, twice; "
+            code = s.process.poll()
+            if code is not None and s.name in retried:
+                raise ServiceError(f"{s.name} exited with code {code} during start-up, twice; "
                                    f"the end of its log {s.log}:\n{log_tail(s.log)}")
+            if code is not None:
+                retried.add(s.name)
+                restart(s, f"{s.name} exited with code {code} during start-up; starting it once more")
             if healthy(s.url, s.health):
                 pending.remove(s)
         time.sleep(0.5)
