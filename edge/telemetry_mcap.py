@@ -46,6 +46,7 @@ ARRAY = ("std_msgs/msg/Float64MultiArray", f"MultiArrayLayout layout\nfloat64[] 
 JOINT_STATES, ACTIONS, OBSERVATIONS, COMMANDS, STEP = "/sim2edge/joint_states", "/sim2edge/actions", \
     "/sim2edge/observations", "/sim2edge/commands", "/sim2edge/step"
 STEP_FIELDS = ("episode", "step", "inference_ms", "loop_ms", "flags")
+METADATA = "sim2edge"  # the metadata record: policy_version, device_id, schema_version
 U32 = struct.Struct("<I")
 
 
@@ -125,7 +126,7 @@ def write(f: IO[bytes], cols: Dict[str, np.ndarray], joint_names: Optional[List[
     topics = (JOINT_STATES, ACTIONS, OBSERVATIONS, *((COMMANDS,) if cmd else ()), STEP)
     channels = {topic: writer.register_channel(topic, "cdr", js_schema if topic == JOINT_STATES else array_schema)
                 for topic in topics}
-    writer.add_metadata("sim2edge", {"policy_version": str(cols["policy_version"][0]),
+    writer.add_metadata(METADATA, {"policy_version": str(cols["policy_version"][0]),
                                      "device_id": str(cols["device_id"][0]),
                                      "schema_version": str(int(cols["schema_version"]))})
     rows = {topic: (array_prefix(",".join(names), len(names)), np.stack(columns, axis=1).astype("<f8"))

@@ -16,14 +16,11 @@ import numpy as np
 from mcap.exceptions import McapError
 from mcap.reader import make_reader
 
+from edge.telemetry_mcap import ACTIONS, COMMANDS, JOINT_STATES, METADATA, OBSERVATIONS, STEP, STEP_FIELDS
 from stages.collect.bag_reader import TYPESTORE
 from stages.collect.validate import LogError
 
-JOINT_STATES, ACTIONS, OBSERVATIONS, COMMANDS, STEP = "/sim2edge/joint_states", "/sim2edge/actions", \
-    "/sim2edge/observations", "/sim2edge/commands", "/sim2edge/step"
-STEP_FIELDS = ("episode", "step", "inference_ms", "loop_ms", "flags")
 ARRAYS = {ACTIONS: "act", OBSERVATIONS: "obs", COMMANDS: "cmd"}
-METADATA = "sim2edge"
 
 
 def read_mcap(path: Path) -> dict[str, np.ndarray]:
