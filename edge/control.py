@@ -25,6 +25,8 @@ Wire format (UDP ``udp://HOST:PORT`` or a Unix datagram socket ``unix:///path``)
         flags   uint32   1 SAFE_DEFAULT: non-finite observation or action, default emitted (counted)
                          2 WATCHDOG: no observation for K periods, default emitted
                          4 LATE: this period's deadline was missed
+                         8 FRESH: one of the first FRESH_ACTIONS (10) actions this agent process sent; a
+                           FRESH action answering a newer observation than a settled one tells a restart
         count   uint32   number of float32 values (the bundle's action size)
         values  count × float32, in the bundle's action order (``io.output.terms``), within limits
 
@@ -56,7 +58,8 @@ OBS = struct.Struct("<4sIdI")
 ACT = struct.Struct("<4sIdII")
 COUNT = struct.Struct("<I")
 OBS_MAGIC, ACT_MAGIC, STATS_MAGIC = b"S2O1", b"S2A1", b"S2S1"
-SAFE_DEFAULT, WATCHDOG, LATE = 1, 2, 4
+SAFE_DEFAULT, WATCHDOG, LATE, FRESH = 1, 2, 4, 8
+FRESH_ACTIONS = 10
 
 
 def open_socket(address: str) -> Tuple[socket.socket, str]:
@@ -198,6 +201,8 @@ class ControlLoop:
     def _send(self, seq: int, stamp: float, flags: int, action: np.ndarray) -> None:
         if self.client is None:
             return
+        if self.counts["actions"] < FRESH_ACTIONS:
+            flags |= FRESH
         try:
             self.sock.sendto(ACT.pack(ACT_MAGIC, seq, stamp, flags, action.size) + action.astype("<f4").tobytes(),
                              self.client)

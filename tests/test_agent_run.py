@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge.control import SAFE_DEFAULT, STATS_MAGIC, WATCHDOG, decode_action, encode_observation
+from edge.control import FRESH, FRESH_ACTIONS, SAFE_DEFAULT, STATS_MAGIC, WATCHDOG, decode_action, encode_observation
 from tests.bundles import active_store
 from tests.conftest import run_cli
 
@@ -64,7 +64,7 @@ def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
     try:
         client = Client(address, tmp_path)
         seq, stamp, flags, action = client.act(1, np.full(5, 0.2))
-        assert (seq, flags) == (1, 0) and action == pytest.approx([0.5])      # 0.5 * sum(obs)
+        assert (seq, flags) == (1, FRESH) and action == pytest.approx([0.5])  # 0.5 * sum(obs); a new process's
         assert client.act(2, np.full(5, 10.0))[3] == pytest.approx([0.8])      # graph 1.0, manifest limit 0.8
         assert client.act(3, np.full(5, -10.0))[3] == pytest.approx([-0.5])
         nan = np.zeros(5, np.float32)
@@ -85,12 +85,14 @@ def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
         assert stats["watchdog_trips"] >= 1 and stats["watchdog"] is True  # > 1 if this client stalled under load
         # observations again end the watchdog
         assert client.act(7, np.zeros(5))[2] & WATCHDOG == 0
+        # past its first FRESH_ACTIONS actions the agent no longer marks them fresh
+        assert [client.act(8 + i, np.zeros(5))[2] & FRESH for i in range(FRESH_ACTIONS)][-1] == 0
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     final = json.loads(out.strip().splitlines()[-1])
-    assert final["observations"] == 6 and final["safe_default"] == 2 and final["act_p99_us"] > 0
+    assert final["observations"] == 6 + FRESH_ACTIONS and final["safe_default"] == 2 and final["act_p99_us"] > 0
     # the loop kept the bundle's rate: every period is a tick or counted as skipped
     periods, expected = final["ticks"] + final["skipped_periods"], final["uptime_s"] / 0.01
     assert expected > 10 and 0.75 * expected - 2 <= periods <= expected + 1, final  # slack: a loaded host

@@ -102,6 +102,37 @@ def test_one_of_two_devices_killed_mid_episode_fails_both_at_once_naming_it(stor
     assert not (tmp_path / "r.json").exists() and not (tmp_path / "r.html").exists()
 
 
+def restart_at(proc, address: str, count: int, restarted_at: list, root) -> None:
+    """Kill the agent once it has answered ``count`` observations, start a fresh one on the same address; note it
+    (the new process, when it began serving)."""
+    kill_at(proc, address, count, [])
+    proc.communicate(timeout=10)
+    fresh, _ = serve(root, address)
+    restarted_at.append((fresh, time.monotonic()))
+
+
+def test_a_device_restarted_mid_episode_fails_the_run_at_its_first_fresh_action(store, tmp_path):
+    """A restart quicker than the silence limit (here 200 periods, 4 s) is told by the agent's FRESH actions."""
+    tmp, root = store
+    proc, address = serve(root, "udp://127.0.0.1:0")
+    restarted_at: list = []
+    restarter = threading.Thread(target=restart_at, args=(proc, address, PROBES + 25, restarted_at, root))
+    restarter.start()
+    try:
+        done = evaluate(tmp, [address], 1, tmp_path / "r.json", "--dead-after", "200")
+        ended = time.monotonic()
+    finally:
+        restarter.join()
+        if restarted_at:
+            stop(restarted_at[0][0])
+    assert done.exit_code == 2 and done.output.strip().count("\n") == 0, done.output
+    m = re.search(rf"--hil: {re.escape(address)}: scenario 'nominal', episode 0, step (\d+): the device restarted "
+                  r"\(its first actions again, answering seq \d+ after \d+\.\d\d s\)$", done.output.strip())
+    assert m and 25 <= int(m[1]) < STEPS - 50, done.output
+    assert ended - restarted_at[0][1] < BOUND_S, done.output  # told at once, not at the scenario's end
+    assert not (tmp_path / "r.json").exists() and not (tmp_path / "r.html").exists()
+
+
 def test_a_restarted_device_is_told_by_its_statistics(store):
     tmp, root = store
     proc, address = serve(root, "udp://127.0.0.1:0")

@@ -13,7 +13,9 @@ Episodes use the scenarios, seeds and environment of in-process evaluation (one 
 The twin's ``latency_steps`` is set to 0: the device and the link are the latency.
 
 A device silent for ``dead_after_periods`` consecutive periods of an episode (killed, unplugged) stops
-the run at once with ``DeviceFailed``; so does one whose statistics show it restarted during the run.
+the run at once with ``DeviceFailed``; so does one that restarted: at the period its first actions come back
+(``edge.control``'s FRESH flag), or, for an agent that does not send the flag, when its statistics after the
+scenario show it.
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ def run_hil(cfg: HilConfig, task_ref: str, scenario: Scenario = Scenario(name=NO
             seq += cfg.probes
             where = f"{cfg.device}: scenario {scenario.name!r}, episode {i}"
             episode, seq = _episode(link, env, i, obs, phase, seq, cfg.grace_s, _Watch(where, cfg.dead_after_periods,
-                                                                                          stop))
+                                                                                          stop, link))
             episodes.append(episode)
         after = link.stats()
     finally:
@@ -199,16 +201,21 @@ def run_hil(cfg: HilConfig, task_ref: str, scenario: Scenario = Scenario(name=NO
 
 @dataclasses.dataclass
 class _Watch:
-    """An episode's liveness watch: ``where`` it runs, silence allowed (periods), the outside stop."""
+    """An episode's liveness watch: ``where`` it runs, silence allowed (periods), the outside stop, the link."""
 
     where: str
     dead_after: int
     stop: Optional[threading.Event]
+    link: DeviceLink
     silent: int = 0
     heard: float = 0.0
 
     def period(self, step: int, arrivals: list[Arrival], now: float) -> None:
-        """Account one period's arrivals; DeviceFailed once silent ``dead_after`` periods, Stopped when stopped."""
+        """Account one period's arrivals; DeviceFailed once silent ``dead_after`` periods or restarted, Stopped when
+        stopped."""
+        if (fresh := self.link.restart) is not None:
+            raise DeviceFailed(f"{self.where}, step {step}: the device restarted (its first actions again, answering "
+                               f"seq {fresh.seq} after {now - self.heard:.2f} s)")
         if arrivals:
             self.silent, self.heard = 0, arrivals[-1].at
         else:

@@ -18,7 +18,7 @@ from typing import Optional
 
 import numpy as np
 
-from edge.control import STATS_MAGIC, WATCHDOG, decode_action, encode_observation
+from edge.control import FRESH, STATS_MAGIC, WATCHDOG, decode_action, encode_observation
 
 
 def parse_address(address: str) -> tuple[int, object]:
@@ -50,10 +50,15 @@ class Arrival:
 
 
 class DeviceLink:
-    """A datagram socket to the device; a Unix client binds its own path, where the device sends replies."""
+    """A datagram socket to the device; a Unix client binds its own path, where the device sends replies.
+
+    ``restart``: the first action that told a restart of the device (a FRESH action answering a newer observation
+    than the newest settled one: a copy or a reordered datagram of the device's first actions answers an older one)."""
 
     def __init__(self, address: str) -> None:
         family, self.peer = parse_address(address)
+        self.settled_seq: Optional[int] = None
+        self.restart: Optional[Arrival] = None
         self.sock = socket.socket(family, socket.SOCK_DGRAM)
         self._dir = None
         if family == socket.AF_UNIX:
@@ -84,8 +89,16 @@ class DeviceLink:
                 seq, stamp, flags, values = decode_action(data)
             except (ValueError, struct.error):
                 continue  # not an action (a stats reply, a stray datagram)
-            got.append(Arrival(seq, stamp, flags, values.copy(), at))
+            got.append(self._note(Arrival(seq, stamp, flags, values.copy(), at)))
         return got
+
+    def _note(self, arrival: Arrival) -> Arrival:
+        """Follow the device's FRESH flags: a settled device's fresh action is a restart."""
+        if not arrival.flags & FRESH:
+            self.settled_seq = max(arrival.seq, self.settled_seq or 0)
+        elif self.restart is None and self.settled_seq is not None and arrival.seq > self.settled_seq:
+            self.restart = arrival
+        return arrival
 
     def stats(self, timeout_s: float = 1.0, tries: int = 3) -> Optional[dict]:
         """The device's own statistics (``S2S1``), or None if no reply came."""
