@@ -20,7 +20,8 @@ from stages.sim.cartpole import CartPole
 from stages.sim.params import Randomization
 from stages.sim.task import Metric
 from stages.train import TrainConfig, train
-from stages.twin.hil_evaluate import HilGateConfig, HilSuiteConfig, hil_evaluate
+from stages.twin.hil_evaluate import HilGateConfig, HilSuiteConfig, hil_checks, hil_evaluate
+from stages.twin.report import write_hil
 from stages.twin.relay import Impairment, Relay
 from tests.test_evaluate import LATENCY_FRAGILE
 from tests.test_hil import SEED, STEPS, cartpole_store, serve, stop
@@ -77,15 +78,26 @@ class MeasuredCartPole(CartPole):
         return {"pole_lean": np.abs(qpos[:, 1])}
 
 
-def test_task_metrics_are_reported_over_hil_beside_in_process(served):
+def test_task_metrics_are_reported_and_gated_over_hil_beside_in_process(served, tmp_path):
     bundle, _, address, tmp = served
     cfg = HilSuiteConfig(devices=(address,), episodes=2, seed=SEED, max_steps=STEPS, scenarios=("nominal",))
-    report = hil_evaluate(cfg, HilGateConfig(), tmp / "policy.onnx", f"{__name__}:MeasuredCartPole")
+    task = f"{__name__}:MeasuredCartPole"
+    with pytest.raises(ValueError, match="gate metric limit 'lean'.*no such metric.*pole_lean"):  # before any device
+        hil_evaluate(cfg, HilGateConfig(metric_limits={"lean": 0.2}), tmp / "policy.onnx", task)
+    report = hil_evaluate(cfg, HilGateConfig(metric_limits={"pole_lean": 0.2}), tmp / "policy.onnx", task)
     (row,) = report.scenarios
     base, hil = row["in_process"]["metrics"]["pole_lean"], row["hil"]["metrics"]["pole_lean"]
     for m in (base, hil):
         assert 0 < m["mean"] < 0.2 and m["ci95"][0] <= m["mean"] <= m["ci95"][1]
     assert hil["mean"] == pytest.approx(base["mean"], rel=0.3)  # the same seeds, the same balancer, a clean link
+    (lean,) = [c for c in report.checks if "pole_lean" in c.name]
+    assert lean.name == "nominal: HIL: pole_lean upper 95% bound" and lean.passed, lean
+    tight = HilGateConfig(metric_limits={"pole_lean": hil["ci95"][1] * 0.9})  # the upper bound, not the mean
+    checks = hil_checks(tight, list(report.scenarios), cfg.select(task), MeasuredCartPole().metrics,
+                        report.round_trip_ms_p99, report.period_s, report.paired_difference_ci95[0])
+    assert [c.passed for c in checks if "pole_lean" in c.name] == [False]
+    page = write_hil(json.loads(report.to_json()), tmp_path / "hil.html").read_text()
+    assert "pole_lean in-process (95%)" in page and "pole_lean HIL (95%)" in page and f"{hil['mean']:.3f}" in page
 
 
 def test_delay_beyond_the_period_fails_the_hil_gate_naming_the_clauses(served, tmp_path):

@@ -30,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from edge.runtime import OnnxRuntime
 from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
+from stages.sim.task import Metric
 from stages.twin.episodes import run_episodes
-from stages.twin.gate import Check
+from stages.twin.gate import Check, check_metric_names, metric_checks
 from stages.twin.hil import HilConfig, HilResult, Stopped, hil_task, restarted, run_hil
 from stages.twin.hil_link import DeviceFailed, DeviceLink, parse_address
 from stages.twin.stats import bootstrap_mean, metric_intervals, wilson
@@ -47,6 +48,10 @@ class HilGateConfig(BaseModel):
                                            "wait for the device's tick, HilConfig.lead of a period).")
     return_margin: float = Field(10.0, ge=0, description="HIL against in-process on the same seeds: the lower 95% "
                                  "bound of the mean paired return difference (HIL − in-process) must be ≥ −margin.")
+    metric_limits: dict[str, float] = Field(default_factory=dict, description="Limit per task metric (by name) on "
+                                            "each scenario's HIL 95% interval, on its worse side (a ceiling for a "
+                                            "metric better lower); a scenario's own `metric_limits` in the suite "
+                                            "override it, as in the in-process gate.")
 
 
 def load_gate(path: Optional[Path]) -> HilGateConfig:
@@ -265,13 +270,17 @@ def shard_rows(parts: list[tuple[str, HilResult]]) -> list[dict]:
             for device, r in parts]
 
 
-def hil_checks(gate: HilGateConfig, rows: list[dict], rtt_p99_ms: float, period_s: float,
-               paired_low: float) -> list[Check]:
-    """Deadline misses per scenario; the round-trip budget and paired non-inferiority over the suite."""
-    checks = [Check(name=f"{r['scenario']}: HIL deadline-miss fraction",
-                    passed=r["hil"]["deadline_miss_fraction"] <= gate.max_deadline_miss_fraction,
-                    detail=f"{r['hil']['deadline_miss_fraction']:.3f} <= {gate.max_deadline_miss_fraction}")
-              for r in rows]
+def hil_checks(gate: HilGateConfig, rows: list[dict], scenarios: tuple[Scenario, ...], metrics: tuple[Metric, ...],
+               rtt_p99_ms: float, period_s: float, paired_low: float) -> list[Check]:
+    """Deadline misses and task metric limits per scenario; the round-trip budget and paired non-inferiority over
+    the suite."""
+    checks = []
+    for r, sc in zip(rows, scenarios):
+        checks.append(Check(name=f"{r['scenario']}: HIL deadline-miss fraction",
+                            passed=r["hil"]["deadline_miss_fraction"] <= gate.max_deadline_miss_fraction,
+                            detail=f"{r['hil']['deadline_miss_fraction']:.3f} <= {gate.max_deadline_miss_fraction}"))
+        ci95 = {name: m["ci95"] for name, m in r["hil"]["metrics"].items()}
+        checks += metric_checks(f"{r['scenario']}: HIL", metrics, ci95, {**gate.metric_limits, **sc.metric_limits})
     budget_ms = gate.max_round_trip_fraction * period_s * 1e3
     checks.append(Check(name="HIL round-trip p99", passed=rtt_p99_ms < budget_ms,
                         detail=f"{rtt_p99_ms:.1f} ms < {budget_ms:.1f} ms"))
@@ -288,6 +297,7 @@ def hil_evaluate(cfg: HilSuiteConfig, gate: HilGateConfig, onnx: Path, task_ref:
     task = hil_task(task_ref, cfg.max_steps)
     params = params or task.nominal_params()
     scenarios = cfg.select(task_ref)
+    check_metric_names([*gate.metric_limits, *(n for sc in scenarios for n in sc.metric_limits)], task)
     stats = device_stats(cfg.devices, graph_sha256)
     bases = [in_process(onnx, task_ref, sc, params, cfg) for sc in scenarios]
     rows, diffs, rtts = [], [], []
@@ -304,4 +314,5 @@ def hil_evaluate(cfg: HilSuiteConfig, gate: HilGateConfig, onnx: Path, task_ref:
     runtimes = "; ".join(dict.fromkeys(r for r in map(runtime_of, stats.values()) if r)) or None
     return HilReport(task=task.name, device=", ".join(cfg.devices), seed=cfg.seed, period_s=task.ctrl_dt,
                      scenarios=tuple(rows), round_trip_ms_p99=rtt_p99, paired_difference_ci95=tuple(paired), gate=gate,
-                     checks=tuple(hil_checks(gate, rows, rtt_p99, task.ctrl_dt, paired[0])), device_runtime=runtimes)
+                     checks=tuple(hil_checks(gate, rows, scenarios, task.metrics, rtt_p99, task.ctrl_dt,
+                                                       paired[0])), device_runtime=runtimes)

@@ -100,6 +100,8 @@ def write_hil(hil: dict, out: Path) -> Path:
     """Write ``out`` (HTML): per scenario in-process and HIL side by side, the link's counts, and the HIL gate
     (``hil``: ``HilReport.to_json()`` parsed)."""
     ci = lambda v: f"[{v[0]:.1f}, {v[1]:.1f}]"  # noqa: E731
+    metric = lambda m: f"{m['mean']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"  # noqa: E731
+    names = list(hil["scenarios"][0]["hil"]["metrics"]) if hil["scenarios"] else []
     rows = [[r["scenario"], r["hil"]["episodes"], f"{r['in_process']['success_rate']:.2f}", f"{r['hil']['success_rate']:.2f}",
              f"{r['in_process']['mean_return']:.1f} {ci(r['in_process']['mean_return_ci95'])}",
              f"{r['hil']['mean_return']:.1f} {ci(r['hil']['mean_return_ci95'])}", r["in_process"]["falls"], r["hil"]["falls"],
@@ -107,10 +109,12 @@ def write_hil(hil: dict, out: Path) -> Path:
              f"{r['hil']['rtt_ms_p50']:.1f} / {r['hil']['rtt_ms_p99']:.1f} / {r['hil']['rtt_ms_max']:.1f}",
              (r["device"] or {}).get("act_p99_us", "-"),
              "; ".join(f"{s['device']}: {', '.join(map(str, s['episodes']))}" for s in r["shards"])]
+            + [metric(r[side]["metrics"][n]) for n in names for side in ("in_process", "hil")]
             for r in hil["scenarios"]]
     scen = _table(["scenario", "episodes", "success in-process", "success HIL", "return in-process (95%)",
                    "return HIL (95%)", "falls in-process", "falls HIL", "deadline misses", "late", "lost",
-                   "round trip p50 / p99 / max ms", "device act() p99 µs", "device: episodes"], rows)
+                   "round trip p50 / p99 / max ms", "device act() p99 µs", "device: episodes"]
+                  + [f"{n} {side} (95%)" for n in names for side in ("in-process", "HIL")], rows)
     gate = _table(["check", "result", ""], [[c["name"], "pass" if c["passed"] else "FAIL", c["detail"]] for c in hil["checks"]])
     verdict = "PASSED" if hil["passed"] else "FAILED"
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>sim2edge HIL: {html.escape(hil['task'])}</title>
