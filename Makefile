@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow up browser docker strace nginx mosquitto postgresql docs
+.PHONY: setup run test test-slow up browser docker strace nginx mosquitto postgresql docs gpu-wheels
 
 setup: $(STAMP)
 
@@ -64,3 +64,12 @@ test-slow: setup browser docker strace nginx mosquitto postgresql
 # The reference in docs/ (MkDocs, Material theme) into site/; --strict fails on a broken link, anchor or nav entry.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+
+# The wheels benchmarks/gpu_check.sh installs on a GPU machine (it has torch with CUDA, onnx, onnxruntime, numpy),
+# for CPython 3.11-3.13, into .gpu-wheels/ (carried to the machine; the device tool's limit is 64 MiB).
+gpu-wheels: setup
+	rm -rf .gpu-wheels
+	for v in 3.11 3.12 3.13; do $(BIN)/python -m pip download -q --no-deps --only-binary=:all: \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 \
+		--python-version $$v -d .gpu-wheels -r benchmarks/gpu_requirements.txt || exit 1; done
+	du -sh .gpu-wheels

@@ -70,10 +70,13 @@ class TrainConfig(BaseModel):
                                                            "(``Randomization.around``). Empty: the task's ranges.")
     overlap: bool = Field(False, description="Collect the next rollout while the update runs (one policy lag; "
                                              "not bit-reproducible). See benchmarks/overlap.py for when it pays.")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="Torch device of the networks, the "
+                        "rollout storage and the update (`cpu`, `cuda`, `cuda:N`); the physics stays on the CPU. "
+                        "Checkpoints load on the CPU wherever they were trained (benchmarks/gpu_check.py).")
 
 
 RESUMABLE_CHANGES = frozenset({"iterations", "eval_every", "eval_episodes", "target_return", "checkpoint_every",
-                               "nthread", "minutes"})
+                               "nthread", "minutes", "device"})
 """Config fields a resumed run may change; any other difference would make it a different run."""
 
 
@@ -82,15 +85,15 @@ class NonFiniteTraining(RuntimeError):
 
 
 class RslRlEnv(VecEnv):
-    """rsl_rl's VecEnv interface over :class:`BatchedEnv` (numpy in, torch out)."""
+    """rsl_rl's VecEnv interface over :class:`BatchedEnv` (numpy in, torch out on ``device``)."""
 
-    def __init__(self, env: BatchedEnv) -> None:
+    def __init__(self, env: BatchedEnv, device: str = "cpu") -> None:
         self.env = env
         self.num_envs = env.num_envs
         self.num_actions = env.task.act_dim
         self.max_episode_length = env.task.episode_steps
-        self.episode_length_buf = torch.zeros(env.num_envs, dtype=torch.long)
-        self.device = "cpu"
+        self.device = device
+        self.episode_length_buf = torch.zeros(env.num_envs, dtype=torch.long, device=device)
         self.cfg = {"task": env.task.name}
         self._obs = env.observe()
         self._privileged = env.privileged() if env.task.privileged else None
@@ -105,27 +108,30 @@ class RslRlEnv(VecEnv):
         self.env.restore(snap["env"])
         self._obs = snap["obs"].copy()
         self._privileged = self.env.privileged() if self.env.task.privileged else None
-        self.episode_length_buf = torch.from_numpy(self.env.episode_step.copy())
+        self.episode_length_buf = self._tensor(self.env.episode_step.copy())
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
 
     def get_observations(self) -> TensorDict:
         """``policy``: what the actor (and the device) sees; ``privileged``: the critic's simulator-only terms."""
-        groups = {"policy": torch.from_numpy(self._obs)}
+        groups = {"policy": self._tensor(self._obs)}
         if self._privileged is not None:
-            groups["privileged"] = torch.from_numpy(self._privileged)
-        return TensorDict(groups, batch_size=[self.num_envs])
+            groups["privileged"] = self._tensor(self._privileged)
+        return TensorDict(groups, batch_size=[self.num_envs], device=self.device)
 
     def step(self, actions: torch.Tensor):
-        r = self.env.step(actions.numpy())
+        r = self.env.step(actions.cpu().numpy())
         self._obs = r.obs
         if self._privileged is not None:
             self._privileged = self.env.privileged()
         self.finished_returns.extend(r.finished_returns.tolist())
         self.finished_success.extend(r.finished_success.tolist())
         self.finished_lengths.extend(r.finished_lengths.tolist())
-        self.episode_length_buf = torch.from_numpy(self.env.episode_step)
-        dones = torch.from_numpy(r.terminated | r.truncated).long()
-        extras = {"time_outs": torch.from_numpy(r.truncated).float()}
-        return self.get_observations(), torch.from_numpy(r.reward), dones, extras
+        self.episode_length_buf = self._tensor(self.env.episode_step)
+        dones = self._tensor(r.terminated | r.truncated).long()
+        extras = {"time_outs": self._tensor(r.truncated).float()}
+        return self.get_observations(), self._tensor(r.reward), dones, extras
 
 
 def rsl_rl_config(cfg: TrainConfig, privileged: bool = False) -> dict:
@@ -156,10 +162,22 @@ def build_algorithm(cfg: TrainConfig, vec_env: RslRlEnv) -> PPO:
     """Construct rsl_rl's PPO (actor, critic, storage) for ``vec_env``, its Adam fused (one kernel per step for all
     parameters instead of several per tensor; see benchmarks/update_threads.py)."""
     alg = PPO.construct_algorithm(vec_env.get_observations(), vec_env,
-                                  rsl_rl_config(cfg, bool(vec_env.env.task.privileged)), "cpu")
+                                  rsl_rl_config(cfg, bool(vec_env.env.task.privileged)), vec_env.device)
     alg.optimizer = torch.optim.Adam([p for g in alg.optimizer.param_groups for p in g["params"]],
                                      lr=cfg.learning_rate, fused=True)
     return alg
+
+
+def check_device(device: str) -> None:
+    """ValueError in one line when torch cannot use ``device`` here."""
+    if device == "cpu":
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(f"train.device {device!r}: torch {torch.__version__} sees no CUDA device here "
+                         f"(built with CUDA {torch.version.cuda or 'none'})")
+    index = torch.device(device).index or 0
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"train.device {device!r}: torch sees {torch.cuda.device_count()} CUDA device(s)")
 
 
 @contextlib.contextmanager
@@ -181,10 +199,12 @@ def deterministic_return(actor: torch.nn.Module, task: Task, twin: PhysicalParam
     """Mean return of ``episodes`` seeded episodes (the same ones every call) with the deterministic action."""
     env = BatchedEnv(task, episodes, params=twin, seed=EVAL_SEED, nthread=nthread)
     obs, first = env.observe(), np.full(episodes, np.nan)
+    device = next(actor.parameters()).device
     with torch.inference_mode():
         while np.isnan(first).any():
-            action = actor(TensorDict({"policy": torch.from_numpy(obs)}, batch_size=[env.num_envs]))
-            r = env.step(action.clamp(-1.0, 1.0).numpy())
+            action = actor(TensorDict({"policy": torch.from_numpy(obs).to(device)}, batch_size=[env.num_envs],
+                                      device=device))
+            r = env.step(action.clamp(-1.0, 1.0).cpu().numpy())
             finished = np.flatnonzero(r.done)
             fresh = np.isnan(first[finished])
             first[finished[fresh]] = r.finished_returns[fresh]
@@ -296,14 +316,16 @@ def train(
     with torch_threads(cfg.torch_threads):
         if warm_start is not None and resume is not None:
             raise ValueError("give warm_start or resume, not both")
+        check_device(cfg.device)
         task = load(cfg.task)
         torch.manual_seed(cfg.seed)
         env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization.around(twin, cfg.twin_intervals),
                          seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance)
-        vec_env = RslRlEnv(env)
+        vec_env = RslRlEnv(env, cfg.device)
         alg = build_algorithm(cfg, vec_env)
         if warm_start is not None:
-            alg.load(torch.load(warm_start, weights_only=False), {"actor": True, "critic": True}, strict=True)
+            alg.load(torch.load(warm_start, map_location=cfg.device, weights_only=False), {"actor": True, "critic": True},
+                     strict=True)
         first = _resume(alg, vec_env, cfg, twin, resume) if resume is not None else 0
         alg.train_mode()
         last_return = -math.inf
@@ -364,13 +386,15 @@ def train(
 
 def _state(alg: PPO, vec_env: RslRlEnv, twin: PhysicalParams) -> dict:
     """``PPO.save()`` (rsl_rl's keys) plus what an exact resume needs under ``resume``."""
-    return {**alg.save(), "resume": {"torch_rng": torch.get_rng_state(), "twin": twin.model_dump(),
-                                     **vec_env.snapshot()}}
+    rng = {"torch_rng": torch.get_rng_state()}
+    if vec_env.device != "cpu":
+        rng["cuda_rng"] = torch.cuda.get_rng_state(vec_env.device)
+    return {**alg.save(), "resume": {**rng, "twin": twin.model_dump(), **vec_env.snapshot()}}
 
 
 def _resume(alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig, twin: PhysicalParams, checkpoint: Path) -> int:
     """Load a checkpoint of this run into ``alg`` and ``vec_env``; return the iteration to continue from."""
-    saved = torch.load(checkpoint, weights_only=False)
+    saved = torch.load(checkpoint, map_location=cfg.device, weights_only=False)
     if "resume" not in saved:
         raise ValueError(f"{checkpoint} holds no resume state (not written by sim2edge's train); warm-start from it")
     old = {**TrainConfig().model_dump(mode="json"), **saved["infos"]["config"]}  # a field added since: its default
@@ -385,7 +409,9 @@ def _resume(alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig, twin: PhysicalParams,
         raise ValueError(f"{checkpoint} already has {saved['iter']} iterations; iterations={cfg.iterations} adds none")
     alg.load(saved, {"actor": True, "critic": True, "optimizer": True}, strict=True)
     vec_env.restore(saved["resume"])
-    torch.set_rng_state(saved["resume"]["torch_rng"])
+    torch.set_rng_state(saved["resume"]["torch_rng"].cpu())
+    if vec_env.device != "cpu" and "cuda_rng" in saved["resume"]:
+        torch.cuda.set_rng_state(saved["resume"]["cuda_rng"].cpu(), vec_env.device)
     return int(saved["iter"])
 
 
@@ -406,8 +432,8 @@ def save_checkpoint(state: dict, iterations: int, cfg: TrainConfig, out_dir: Pat
 
 
 def load_actor(checkpoint: Path) -> torch.nn.Module:
-    """Rebuild the trained actor (with its normalizer) from an rsl_rl-format checkpoint."""
-    saved = torch.load(checkpoint, weights_only=False)
+    """Rebuild the trained actor (with its normalizer) on the CPU from an rsl_rl-format checkpoint."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=False)
     cfg = TrainConfig(**saved["infos"]["config"])
     task = load(cfg.task)
     obs = TensorDict({"policy": torch.zeros(1, task.obs_dim)}, batch_size=[1])

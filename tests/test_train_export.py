@@ -106,3 +106,13 @@ def test_parity_failure_names_the_worst_input(checkpoint, tmp_path):
     with pytest.raises(ParityError, match="at input \\["):
         export(ExportConfig(parity_samples=100, atol=1e-12, rtol=0.0), checkpoint, tmp_path / "onnx")
     assert not (tmp_path / "onnx").exists(), "a failed export leaves no artifact"
+
+
+def test_a_device_torch_cannot_use_is_refused_in_one_line_before_training(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA: the refusal is for one without (benchmarks/gpu_check.py trains on it)")
+    with pytest.raises(ValueError, match=r"^train.device 'cuda': torch .* sees no CUDA device here"):
+        train(TINY.model_copy(update={"device": "cuda"}), PhysicalParams(), tmp_path / "ck")
+    assert not (tmp_path / "ck").exists()
+    with pytest.raises(ValueError, match="device"):
+        TrainConfig(device="gpu")
