@@ -12,6 +12,12 @@ next period tick) up to ``DEADLINE_PERIODS``; a missing answer counts as *late* 
 is applied anyway. The physics thus advances one control period per agent period, whatever the two clocks'
 phase, as in-process evaluation applies each action: episode ``k`` is ``BatchedEnv(task, 1, hidden, seed=S + k)``
 there and here. Writes ``{robot, episodes: [{seed, success, return, steps, fell, late}]}`` and prints ``done``.
+
+``--bag DIR`` records, from the first episode on, what went over the state and action topics as a rosbag2 (MCAP,
+written with ``rosbags``): the bytes off the wire, at their receive time, as ``ros2 bag record`` stores them.
+Episodes are then ``--gap`` seconds apart (silence on the state topic), where ``stages.collect`` splits them, and
+each starts half a period after an agent tick, so that every later state is published just after one (on its
+answer) and the collector's tick grid falls between states and answers.
 """
 
 from __future__ import annotations
@@ -51,10 +57,31 @@ def joint_table(task: Task) -> tuple[list[str], np.ndarray, np.ndarray]:
     return [m.joint(j).name for j in ids], m.jnt_qposadr[ids], m.jnt_dofadr[ids]
 
 
+class BagRecorder:
+    """Raw subscriptions writing each message as received into a rosbag2 (MCAP); on once :attr:`recording`."""
+
+    def __init__(self, node, path: Path, topics: dict) -> None:
+        from rosbags.rosbag2 import StoragePlugin, Writer
+        from rosbags.typesys import Stores, get_typestore
+
+        self.recording = False
+        self.writer = Writer(path, version=9, storage_plugin=StoragePlugin.MCAP)
+        self.writer.open()
+        store = get_typestore(Stores.ROS2_JAZZY)
+        for topic, kind in topics.items():
+            conn = self.writer.add_connection(topic, f"{kind.__module__.split('.')[0]}/msg/{kind.__name__}",
+                                              typestore=store)
+            node.create_subscription(kind, topic, lambda raw, c=conn: self._write(c, raw), CONTROL_QOS, raw=True)
+
+    def _write(self, conn, raw: bytes) -> None:
+        if self.recording:  # executor thread only: one writer call at a time
+            self.writer.write(conn, time.time_ns(), raw)
+
+
 class StandinNode:
     """The robot's side of the loop: publishes states and waits for the actions answering them."""
 
-    def __init__(self, task: Task, topics: tuple[str, str, str], action_type: str) -> None:
+    def __init__(self, task: Task, topics: tuple[str, str, str], action_type: str, bag: Path | None = None) -> None:
         self.names, self.qadr, self.vadr = joint_table(task)
         self.node = rclpy.create_node("standin_robot")
         state, command, action = topics
@@ -63,6 +90,7 @@ class StandinNode:
         kind = JointTrajectory if action_type == "joint_trajectory" else Float64MultiArray
         self.node.create_subscription(kind, action, self._on_action, CONTROL_QOS)
         self.action_topic = action
+        self.bag = BagRecorder(self.node, bag, {state: JointState, action: kind}) if bag is not None else None
         self._cond = threading.Condition()
         self._controls: np.ndarray | None = None
         self._stamp = self._sent = None  # the latest action's echoed stamp (None: no stamp), the last state's
@@ -85,6 +113,15 @@ class StandinNode:
         with self._cond:
             on_time = self._cond.wait_for(self._answered, timeout_s)
             return self._controls, on_time
+
+    def in_phase(self, period: float) -> None:
+        """Return half a period after the agent's next action (its watchdog's, between episodes): a state published
+        now lies mid-way between its ticks, so a recording resampled onto a grid from it has ticks between the
+        states and the answers."""
+        with self._cond:
+            heard = self._heard
+            self._cond.wait_for(lambda: self._heard > heard, 2 * period)
+        time.sleep(period / 2)
 
     def connected(self) -> bool:
         return self.state.get_subscription_count() > 0 and self.node.count_publishers(self.action_topic) > 0
@@ -146,13 +183,14 @@ def wait_for_agent(robot: StandinNode, env: BatchedEnv, timeout_s: float = 30.0)
 
 def serve(task_name: str, episodes: int, seed: int, profile: str = "global",
           topics: tuple[str, str, str] = ("/joint_states", "/sim2edge/command", "/sim2edge/action"),
-          action_type: str = "joint_trajectory") -> dict:
-    """Run ``episodes`` episodes (seeds ``seed``, ``seed + 1``, …) against whatever node answers on the topics."""
+          action_type: str = "joint_trajectory", bag: Path | None = None, gap_s: float = 1.0) -> dict:
+    """Run ``episodes`` episodes (seeds ``seed``, ``seed + 1``, …) against whatever node answers on the topics;
+    with ``bag``, record them there, ``gap_s`` apart."""
     task = load(task_name)
     params = hidden_params(task.name, profile)
     rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
     try:
-        robot = StandinNode(task, topics, action_type)
+        robot = StandinNode(task, topics, action_type, bag)
         executor = SingleThreadedExecutor()
         executor.add_node(robot.node)
         spinner = threading.Thread(target=executor.spin, daemon=True)
@@ -161,10 +199,16 @@ def serve(task_name: str, episodes: int, seed: int, profile: str = "global",
         wait_for_agent(robot, envs[0])
         rng, out = np.random.default_rng(seed), []
         for k, env in enumerate(envs):
+            if robot.bag is not None:
+                time.sleep(gap_s)
+                robot.in_phase(task.ctrl_dt)
+                robot.bag.recording = True
             record = run_episode(robot, env, rng)
             out.append({"seed": seed + k, **record})
         executor.shutdown()
         spinner.join()
+        if robot.bag is not None:
+            robot.bag.writer.close()
     finally:
         rclpy.try_shutdown()
     return {"robot": robot_id(task.name, profile), "episodes": out}
@@ -181,9 +225,11 @@ def main() -> None:
     p.add_argument("--action-topic", default="/sim2edge/action")
     p.add_argument("--action-type", choices=("float64_array", "joint_trajectory"), default="joint_trajectory")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--bag", type=Path)
+    p.add_argument("--gap", type=float, default=1.0)
     a = p.parse_args()
     result = serve(a.task, a.episodes, a.seed, a.profile, (a.state_topic, a.command_topic, a.action_topic),
-                   a.action_type)
+                   a.action_type, a.bag, a.gap)
     a.out.write_text(json.dumps(result))
     print("done", flush=True)
 
