@@ -38,7 +38,7 @@ from stages.sim.registry import load
 from stages.sim.task import Task
 from stages.standin import hidden_params, robot_id
 
-import rclpy  # noqa: E402 - edge.ros2 names the RMW first
+import rclpy  # after edge.ros2, which names the RMW rclpy needs at import
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import JointState
@@ -201,8 +201,8 @@ def serve(task_name: str, episodes: int, seed: int, profile: str = "global",
         for k, env in enumerate(envs):
             if robot.bag is not None:
                 time.sleep(gap_s)
+                robot.bag.recording = True  # the action in_phase waits for too: the first tick's command if late
                 robot.in_phase(task.ctrl_dt)
-                robot.bag.recording = True
             record = run_episode(robot, env, rng)
             out.append({"seed": seed + k, **record})
         executor.shutdown()
