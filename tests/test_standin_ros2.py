@@ -2,7 +2,7 @@
 
 Two processes over Fast DDS confined to 127.0.0.1 (tests/test_agent_ros2.py's profile): the agent serving a
 real signed bundle, and the stand-in stepping cart-pole with its hidden physics (damping ×1.6, gain ×0.85,
-pole mass ×1.25, friction, 2 mm sensor noise). Cart-pole's own contract reads cos/sin of the pole angle,
+pole mass ×1.25, friction, sensor noise of std 0.002). Cart-pole's own contract reads cos/sin of the pole angle,
 which a JointState cannot carry, so the task here is cart-pole observed by joint: ``slider``/``hinge``
 position and velocity. The policy is the linear balancer of tests/test_evaluate.py on those terms.
 """
@@ -85,7 +85,7 @@ def in_process(onnx: Path) -> tuple[list[bool], list[float]]:
 
 def test_mujoco_standin_closes_the_loop_with_the_agent_as_in_process(tmp_path, ros):
     """The stand-in's episodes through the agent end as in-process evaluation's of the same seeds: the same initial
-    states and physics, each state answered before the physics steps; only the 2 mm sensor noise is drawn apart
+    states and physics, each state answered before the physics steps; only the sensor noise is drawn apart
     and a loaded host may answer a few states late (the stand-in then applies the previous action). So: at most
     one episode's outcome may differ (the dropped episodes fall far below the success return of 60, the kept ones
     stay above 70), and the mean return within 5% (measured: 0.1%)."""
