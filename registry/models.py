@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from pathlib import Path
 
 from mlflow.exceptions import MlflowException
@@ -16,6 +17,7 @@ from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 BARRIER_ENV = "SIM2EDGE_PROMOTE_BARRIER"
+TAG_RESERVATION = "sim2edge.reservation"
 
 
 def proxy_path(artifact_uri: str, artifact_root: Path | None) -> str:
@@ -33,13 +35,22 @@ def reserve_version(client: MlflowClient, name: str, run_id: str, source: str, t
                     model_id: str | None = None) -> str:
     """Create a new version of ``name`` (creating the model on first use); return its number.
 
-    ``source`` is ``models:/<model_id>`` for a policy logged as an MLflow Model (:mod:`registry.policy_model`)."""
+    ``source`` is ``models:/<model_id>`` for a policy logged as an MLflow Model (:mod:`registry.policy_model`).
+    The MLflow client retries a request whose answer was lost (a server killed after committing), and a create is
+    not idempotent: each reservation carries its own token (``sim2edge.reservation``), and any other version with
+    this one's token is such a duplicate and is deleted, so no orphan is left (tests/test_team_restart.py)."""
     try:
         client.create_registered_model(name, description=f"sim2edge policies for task {name}")
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-    return str(client.create_model_version(name, source=source, run_id=run_id, tags=tags, model_id=model_id).version)
+    token = uuid.uuid4().hex
+    version = str(client.create_model_version(name, source=source, run_id=run_id, tags={**tags, TAG_RESERVATION: token},
+                                              model_id=model_id).version)
+    for other in client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+        if str(other.version) != version and other.tags.get(TAG_RESERVATION) == token:
+            client.delete_model_version(name, str(other.version))
+    return version
 
 
 def current_champion(client: MlflowClient, name: str) -> str | None:
