@@ -83,7 +83,7 @@ def in_process(onnx: Path) -> tuple[list[bool], list[float]]:
     return [bool(r.success[0]) for r in runs], [float(r.returns[0]) for r in runs]
 
 
-def test_mujoco_standin_closes_the_loop_with_the_agent_as_in_process(tmp_path, ros):
+def test_mujoco_standin_closes_the_loop_with_the_agent_as_in_process(tmp_path, ros):  # noqa: F811
     """The stand-in's episodes through the agent end as in-process evaluation's of the same seeds: the same initial
     states and physics, each state answered before the physics steps; only the sensor noise is drawn apart
     and a loaded host may answer a few states late (the stand-in then applies the previous action). So: at most
@@ -123,7 +123,7 @@ MAPPING = {"joint_state": {"topic": "/joint_states", "stamp": "header", "max_age
 after 5 periods, the agent's watchdog horizon: a loaded host wakes a period or two late)."""
 
 
-def test_standin_bag_reads_back_through_collect(tmp_path, ros):
+def test_standin_bag_reads_back_through_collect(tmp_path, ros):  # noqa: F811
     """With ``--bag`` the stand-in records the wire's bytes (``Float64MultiArray`` actions this time); ``collect``
     splits the episodes at the gaps, and each row's command is the balancer's answer to that row's joint state (the
     stand-in starts each episode half a period after an agent tick, so the collector's tick grid falls between
