@@ -9,13 +9,13 @@ episodes keeps the correlation of the replay error within an episode, so the spr
 weakly identified parameter leaves the error flat, its refits step far and its interval reaches the search bounds.
 The 2.5 and 97.5 percentiles of the refits are the interval.
 
-The episode bootstrap misses what noise on the replays' start states does to the fit: a replay starts from a logged,
-noisy state, and where a joint limit or contact engages during a window its replay responds to that noise non-smoothly,
-beyond the linearized refits. On the per-joint reacher (σ = 0.002, the elbow at its ±3 rad limit in a quarter of the
-samples) the start noise moved joint 1's gain +0.04%, outside an episode-bootstrap interval of ±0.03%. So
-``start_spread`` measures it by a parametric bootstrap: the fitted twin's own replays from the logged starts stand in for
-the logs, the starts get fresh noise, and each draw is polished like the fit; the RMS of the draws' offsets from the
-noise-free polish (their bias included) widens the interval, in quadrature (``interval``).
+The episode bootstrap misses what noise on the replays' start states does to the fit: its refits are linear in the
+residuals at the estimate, while a start's noise moves the whole replay and its slopes. On the per-joint reacher
+(σ = 0.002) the start positions' noise (not the velocities') moved joint 1's gain +0.04% and damping +0.2%, outside
+episode-bootstrap intervals of ±0.03% and ±0.2%; replays from the noise-free starts recover both within 0.01%. So
+``start_spread`` measures it by a parametric bootstrap: the fitted twin's own replays from the logged starts stand in
+for the logs, the starts get fresh noise, and each draw is polished like the fit; the RMS of the draws' offsets from
+the noise-free polish (any bias included) widens the interval, in quadrature (``interval``).
 """
 
 from __future__ import annotations
