@@ -41,6 +41,11 @@ Residuals = Callable[[list[np.ndarray]], np.ndarray]
 """Replay residuals of search points: (C, W, m) for C points, W windows, m residuals per window."""
 
 
+def t_quantile(dof: int) -> float:
+    """Student t's 97.5% quantile with ``dof`` degrees of freedom, by its Cornish-Fisher expansion."""
+    return Z + (Z**3 + Z) / (4 * dof) + (5 * Z**5 + 16 * Z**3 + 3 * Z) / (96 * dof**2)
+
+
 @dataclass(frozen=True)
 class Resamples:
     """Window weights (n, W) of n resamples of ``groups`` episodes (or windows) drawn with replacement."""
@@ -50,10 +55,9 @@ class Resamples:
 
     def widening(self) -> float:
         """The bootstrap's spread of a mean over g groups falls short of Student's t interval by (t over z quantile)
-        × √(g / (g − 1)); t's 97.5% quantile with g − 1 degrees of freedom by its Cornish-Fisher expansion."""
+        × √(g / (g − 1)), t's 97.5% quantile with g − 1 degrees of freedom (``t_quantile``)."""
         dof = self.groups - 1
-        t = Z + (Z**3 + Z) / (4 * dof) + (5 * Z**5 + 16 * Z**3 + 3 * Z) / (96 * dof**2)
-        return t / Z * np.sqrt(self.groups / dof)
+        return t_quantile(dof) / Z * np.sqrt(self.groups / dof)
 
 
 def resample(episode: np.ndarray, n: int, seed: int) -> Resamples:
@@ -129,10 +133,11 @@ def polish(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.nda
 def start_spread(clean: Residuals, noisy: list[Residuals], x: np.ndarray, bounds: np.ndarray, free: np.ndarray,
                  prior: np.ndarray) -> np.ndarray:
     """(k,) RMS over the ``noisy`` replays (the fitted twin's own replays as targets, its starts with fresh noise) of
-    the free coordinates' polished fit (``polish`` from ``x``) less the fit on ``clean`` (the same without the noise)."""
+    the free coordinates' polished fit (``polish`` from ``x``) less the fit on ``clean`` (the same without the noise),
+    × t over z for as many draws (``t_quantile``): an RMS of few draws is itself uncertain."""
     centre = polish(clean, x, bounds, free, prior).x[free]
     offsets = np.stack([polish(r, x, bounds, free, prior).x[free] for r in noisy]) - centre
-    return np.sqrt((offsets**2).mean(axis=0))
+    return t_quantile(len(noisy)) / Z * np.sqrt((offsets**2).mean(axis=0))
 
 
 def interval(optimum: Optimum, bounds: np.ndarray, free: np.ndarray, resamples: Resamples,
