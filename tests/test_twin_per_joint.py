@@ -95,9 +95,6 @@ FAST = dict(max_windows=64, max_latency=1, generations=30, search_generations=6)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="issue 33: joint 1's gain is fitted 0.04% high (0.7503) with an interval [0.75006, 0.75051] "
-                          "that misses 0.75: the episode bootstrap does not count the bias noise on the start states "
-                          "gives the fit", strict=False)
 def test_per_joint_reacher_is_recovered_joint_by_joint(per_joint_reacher, tmp_path):
     twin = calibrate(CalibrateConfig(**FAST, joint_generations=100), per_joint_reacher, tmp_path / "twin")
     truth = standin.hidden_params("reacher", "per-joint")

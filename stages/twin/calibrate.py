@@ -40,7 +40,7 @@ from stages.artifacts import Dataset, Misfit, TwinSpec, atomic_dir, sha256_json
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.twin.calibration_config import CalibrateConfig
-from stages.twin.intervals import Optimum, interval, polish, prior_dominated, resample
+from stages.twin.intervals import Optimum, interval, polish, prior_dominated, resample, start_spread
 from stages.twin.replay import Replayer, windows
 from stages.twin.search import FITTED, JointSearch, Search, fit_global, fit_joints, max_effort
 from stages.twin.twin_files import plot_replay, write_mjcf
@@ -99,6 +99,30 @@ def least_squares(replayer: Replayer, params_of: Callable[[np.ndarray], Physical
     return polish(lambda xs: replayer.residuals([params_of(v) for v in xs]), x, bounds, free, prior)
 
 
+def noise_spread(replayer: Replayer, params_of: Callable[[np.ndarray], PhysicalParams], optimum: Optimum,
+                 bounds: np.ndarray, free: np.ndarray, prior: np.ndarray, cfg: CalibrateConfig) -> np.ndarray:
+    """The start noise's spread of the fit at ``optimum`` (``intervals.start_spread``): the fitted twin's replays from
+    the logged starts are the targets, and ``cfg.start_draws`` copies of the starts get noise of the fit's sensor noise
+    estimate × the smoothing's ``Windows.start_noise``."""
+    fitted = params_of(optimum.x)
+    qpos, sensors = replayer.rollout([fitted])
+    win = replayer.win.model_copy(update={"target": qpos[0], "sensor_target": sensors[0][..., replayer.win.sensor_index]})
+    m, sigma = replayer.task.model, noise_estimate(replayer, fitted) * win.start_noise
+    rng = np.random.default_rng(cfg.seed)
+
+    def residuals(start: np.ndarray) -> Callable[[list[np.ndarray]], np.ndarray]:
+        draw = Replayer(replayer.task, win.model_copy(update={"start": start}), cfg.nthread)
+        return lambda xs: draw.residuals([params_of(x) for x in xs])
+
+    def noisy() -> np.ndarray:
+        start = win.start.copy()
+        start[:, 1 : 1 + m.nq + m.nv] += rng.normal(0, sigma, (len(start), m.nq + m.nv))
+        return start
+
+    return start_spread(residuals(win.start), [residuals(noisy()) for _ in range(cfg.start_draws)], optimum.x, bounds,
+                        free, prior)
+
+
 def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec:
     """Fit damping, actuator gain, mass scale, friction and latency to ``dataset``; write ``out_dir/twin.json`` and a plot."""
     task = load(dataset.task)
@@ -123,7 +147,8 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     bodies = task.mass_bodies if several else ()
     joint_search = JointSearch(task, global_fit, cfg.groups, bodies)
     resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
-    intervals = search.named(interval(global_opt, search.bounds, free, resamples, np.zeros(len(FITTED))))
+    spread = noise_spread(replayer, global_of, global_opt, search.bounds, free, np.zeros(len(FITTED)), cfg)
+    intervals = search.named(interval(global_opt, search.bounds, free, resamples, np.zeros(len(FITTED)), spread))
     weak: tuple[str, ...] = ()
     if cfg.joint_generations:
         joint_prior, every = joint_search.prior_weights(replayer, cfg, noise), np.ones(len(joint_search.bounds), bool)
@@ -131,7 +156,8 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
                                   joint_search.point(fit_joints(replayer, joint_search, cfg, noise)),
                                   joint_search.bounds, every, joint_prior)
         fitted = joint_search.params(joint_opt.x)
-        intervals |= joint_search.named(interval(joint_opt, joint_search.bounds, every, resamples, joint_prior))
+        spread = noise_spread(replayer, joint_search.params, joint_opt, joint_search.bounds, every, joint_prior, cfg)
+        intervals |= joint_search.named(interval(joint_opt, joint_search.bounds, every, resamples, joint_prior, spread))
         flags = prior_dominated(joint_opt, every, joint_prior)
         weak = tuple(n for flag, names in zip(flags, joint_search.coordinate_names()) if flag for n in names)
         if weak:

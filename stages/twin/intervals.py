@@ -8,6 +8,14 @@ batched ``mujoco.rollout`` call per step, and the last one serves all resamples.
 episodes keeps the correlation of the replay error within an episode, so the spread holds when the model is wrong; a
 weakly identified parameter leaves the error flat, its refits step far and its interval reaches the search bounds.
 The 2.5 and 97.5 percentiles of the refits are the interval.
+
+The episode bootstrap misses what noise on the replays' start states does to the fit: its refits are linear in the
+residuals at the estimate, while a start's noise moves the whole replay and its slopes. On the per-joint reacher
+(σ = 0.002) the start positions' noise (not the velocities') moved joint 1's gain +0.04% and damping +0.2%, outside
+episode-bootstrap intervals of ±0.03% and ±0.2%; replays from the noise-free starts recover both within 0.01%. So
+``start_spread`` measures it by a parametric bootstrap: the fitted twin's own replays from the logged starts stand in
+for the logs, the starts get fresh noise, and each draw is polished like the fit; the RMS of the draws' offsets from
+the noise-free polish (any bias included) widens the interval, in quadrature (``interval``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ Residuals = Callable[[list[np.ndarray]], np.ndarray]
 """Replay residuals of search points: (C, W, m) for C points, W windows, m residuals per window."""
 
 
+def t_quantile(dof: int) -> float:
+    """Student t's 97.5% quantile with ``dof`` degrees of freedom, by its Cornish-Fisher expansion."""
+    return Z + (Z**3 + Z) / (4 * dof) + (5 * Z**5 + 16 * Z**3 + 3 * Z) / (96 * dof**2)
+
+
 @dataclass(frozen=True)
 class Resamples:
     """Window weights (n, W) of n resamples of ``groups`` episodes (or windows) drawn with replacement."""
@@ -42,10 +55,9 @@ class Resamples:
 
     def widening(self) -> float:
         """The bootstrap's spread of a mean over g groups falls short of Student's t interval by (t over z quantile)
-        × √(g / (g − 1)); t's 97.5% quantile with g − 1 degrees of freedom by its Cornish-Fisher expansion."""
+        × √(g / (g − 1)), t's 97.5% quantile with g − 1 degrees of freedom (``t_quantile``)."""
         dof = self.groups - 1
-        t = Z + (Z**3 + Z) / (4 * dof) + (5 * Z**5 + 16 * Z**3 + 3 * Z) / (96 * dof**2)
-        return t / Z * np.sqrt(self.groups / dof)
+        return t_quantile(dof) / Z * np.sqrt(self.groups / dof)
 
 
 def resample(episode: np.ndarray, n: int, seed: int) -> Resamples:
@@ -118,8 +130,18 @@ def polish(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.nda
     return Optimum(x, r0, jac)
 
 
+def start_spread(clean: Residuals, noisy: list[Residuals], x: np.ndarray, bounds: np.ndarray, free: np.ndarray,
+                 prior: np.ndarray) -> np.ndarray:
+    """(k,) RMS over the ``noisy`` replays (the fitted twin's own replays as targets, its starts with fresh noise) of
+    the free coordinates' polished fit (``polish`` from ``x``) less the fit on ``clean`` (the same without the noise),
+    × t over z for as many draws (``t_quantile``): an RMS of few draws is itself uncertain."""
+    centre = polish(clean, x, bounds, free, prior).x[free]
+    offsets = np.stack([polish(r, x, bounds, free, prior).x[free] for r in noisy]) - centre
+    return t_quantile(len(noisy)) / Z * np.sqrt((offsets**2).mean(axis=0))
+
+
 def interval(optimum: Optimum, bounds: np.ndarray, free: np.ndarray, resamples: Resamples,
-             prior: np.ndarray) -> np.ndarray:
+             prior: np.ndarray, spread: np.ndarray | None = None) -> np.ndarray:
     """(d, 2) 95% bootstrap interval per coordinate in search units around ``optimum`` (from ``polish``): percentiles
     of the resamples' refits (a Gauss-Newton step each from the optimum, less the step all the data takes from
     there: on a rough replay error the polish stops short of stationary, and uncorrected refits would all fall on
@@ -133,6 +155,9 @@ def interval(optimum: Optimum, bounds: np.ndarray, free: np.ndarray, resamples: 
     refits = steps(optimum.residuals, optimum.jacobian, x, free, np.vstack([every, resamples.weights]), prior)
     fits = x[free] + resamples.widening() * (refits[1:] - refits[0])
     lo, hi = np.percentile(fits, PERCENTILES, axis=0)
+    extra = (Z * (np.zeros(free.sum()) if spread is None else spread)) ** 2
+    lo = x[free] - np.sqrt(np.maximum(x[free] - lo, 0) ** 2 + extra)
+    hi = x[free] + np.sqrt(np.maximum(hi - x[free], 0) ** 2 + extra)
     finite = np.isfinite(fits).all(axis=0)
     index = np.flatnonzero(free)[finite]
     out[index, 0] = np.clip(np.minimum(lo[finite], x[index]), *bounds[index].T)
