@@ -35,6 +35,7 @@ from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.sim.task import Task
 from stages.twin.hil_link import Arrival, DeviceFailed, DeviceLink, Phase, align
+from stages.twin.hil_ros2 import RosLink
 from stages.twin.stats import bootstrap_mean, metric_intervals, wilson
 from stages.twin.suite import NOMINAL, Scenario
 
@@ -146,6 +147,16 @@ def hil_task(task_ref: str, max_steps: Optional[int] = None) -> Task:
     return dataclasses.replace(task, episode_steps=max_steps) if max_steps else task
 
 
+def open_link(address: str, task: Task) -> DeviceLink | RosLink:
+    """The host's end of the link to the device at ``address``: datagrams (udp://, unix://) or ROS 2 (ros2://)."""
+    if not address.startswith("ros2://"):
+        return DeviceLink(address)
+    try:
+        return RosLink(address, task)
+    except ImportError as e:
+        raise DeviceFailed(f"{address}: {e}") from None
+
+
 def twin_env(task: Task, scenario: Scenario, params: PhysicalParams, seed: int, n: int) -> BatchedEnv:
     """The environment in-process evaluation builds for one shard, with no simulated action latency."""
     shifted = scenario.params(params).model_copy(update={"latency_steps": 0})
@@ -175,7 +186,7 @@ def run_hil(cfg: HilConfig, task_ref: str, scenario: Scenario = Scenario(name=NO
     Stopped when ``stop`` is set."""
     task = hil_task(task_ref, cfg.max_steps)
     params = params or task.nominal_params()
-    link = DeviceLink(cfg.device)
+    link = open_link(cfg.device, task)
     seq, episodes = 1, []
     try:
         before = link.stats()
@@ -206,7 +217,7 @@ class _Watch:
     where: str
     dead_after: int
     stop: Optional[threading.Event]
-    link: DeviceLink
+    link: DeviceLink | RosLink
     silent: int = 0
     heard: float = 0.0
 
@@ -227,7 +238,7 @@ class _Watch:
             raise Stopped(f"{self.where}, step {step}: stopped")
 
 
-def _episode(link: DeviceLink, env: BatchedEnv, row: int, obs: np.ndarray, phase: Phase, seq: int,
+def _episode(link: DeviceLink | RosLink, env: BatchedEnv, row: int, obs: np.ndarray, phase: Phase, seq: int,
              grace_s: float, watch: _Watch) -> tuple[HilEpisode, int]:
     """Row ``row`` of ``env`` in real time, the other rows idle; returns the episode and the next seq."""
     task, period, substep = env.task, env.task.ctrl_dt, env.task.model.opt.timestep

@@ -35,6 +35,7 @@ from stages.twin.episodes import run_episodes
 from stages.twin.gate import Check, check_metric_names, metric_checks
 from stages.twin.hil import HilConfig, HilResult, Stopped, hil_task, restarted, run_hil
 from stages.twin.hil_link import DeviceFailed, DeviceLink, parse_address
+from stages.twin.hil_ros2 import parse_topics
 from stages.twin.stats import bootstrap_mean, metric_intervals, wilson
 from stages.twin.suite import Scenario, load_suite, suite_path
 
@@ -71,7 +72,7 @@ def load_gate(path: Optional[Path]) -> HilGateConfig:
 def check_devices(devices: tuple[str, ...]) -> tuple[str, ...]:
     """``devices`` if each is a device address, none twice; else ValueError naming the first that is not."""
     for device in devices:
-        parse_address(device)
+        parse_topics(device) if device.startswith("ros2:") else parse_address(device)
     twice = [d for d in devices if devices.count(d) > 1]
     if twice:
         raise ValueError(f"device {twice[0]} is given twice")
@@ -179,8 +180,10 @@ def device_stats(devices: tuple[str, ...], graph_sha256: Optional[str] = None) -
     """Each device's statistics (S2S1), asked concurrently; DeviceFailed naming a device that does not answer, and
     ValueError naming each device's policy when they do not all serve the same graph, or not ``graph_sha256`` (the
     sha256 of the bundle's ``policy.onnx`` under evaluation) when given: two bundles with one name and version are
-    told apart by their graphs."""
+    told apart by their graphs. A ROS 2 device has no statistics request: it is {} and goes unchecked."""
     def ask(device: str) -> dict:
+        if device.startswith("ros2://"):
+            return {}
         link = DeviceLink(device)
         try:
             stats = link.stats()
@@ -194,10 +197,11 @@ def device_stats(devices: tuple[str, ...], graph_sha256: Optional[str] = None) -
 
     with ThreadPoolExecutor(len(devices)) as pool:
         stats = dict(zip(devices, pool.map(ask, devices)))
-    if len({served(s) for s in stats.values()}) > 1:
+    known = {d: s for d, s in stats.items() if s}
+    if len({served(s) for s in known.values()}) > 1:
         raise ValueError("the devices serve different policies: " + ", ".join(f"{d} serves {served(s)}"
-                                                                             for d, s in stats.items()))
-    other = [d for d, s in stats.items() if graph_sha256 and s.get("graph_sha256") != graph_sha256]
+                                                                             for d, s in known.items()))
+    other = [d for d, s in known.items() if graph_sha256 and s.get("graph_sha256") != graph_sha256]
     if other:
         raise ValueError(f"{other[0]} serves {served(stats[other[0]])}, not the bundle under evaluation "
                          f"(graph {graph_sha256[:12]})")
