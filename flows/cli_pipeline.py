@@ -22,12 +22,16 @@ def run(
     seed: Optional[int] = typer.Option(None, help="Seed for every stage [default: 0]."),
     eval_episodes: Optional[int] = typer.Option(None, help="Seeded evaluation episodes [default: 32]."),
     minutes: Optional[float] = typer.Option(None, help="Training budget in minutes (iterations stays the cap)."),
+    dataset_version: Optional[int] = typer.Option(None, help="Start from this version of the task's dataset, collected "
+                                                  "beforehand (`sim2edge collect`, e.g. --source rosbag), instead of "
+                                                  "recording stand-in logs."),
     config: Optional[Path] = typer.Option(None, "--config", help="A run configuration (YAML): the flow's parameters, "
                                                                  "over the task's preset."),
     sets: list[str] = typer.Option([], "--set", help="Override one key, e.g. --set train.learning_rate=3e-4 "
                                                      "(repeatable)."),
 ) -> None:
-    """Run collect → calibrate → train → export → evaluate → package → register as one Prefect flow.
+    """Run collect → calibrate → train → export → evaluate → package → register as one Prefect flow (with
+    --dataset-version: from a dataset collected beforehand, no collect).
 
     Parameters come from the task's preset (`sim2edge tasks --show TASK`), then --config, then --set, then the
     options above."""
@@ -35,11 +39,18 @@ def run(
 
     try:
         params = resolve(task, config, sets, {"target": target, "iterations": iterations, "seed": seed,
-                                              "eval_episodes": eval_episodes,
+                                              "eval_episodes": eval_episodes, "dataset_version": dataset_version,
                                               "train": {"minutes": minutes} if minutes is not None else None})
     except RunConfigError as e:
         fail(str(e))
     ws = Workspace.from_env()
+    if params.dataset_version is not None:  # before any run starts: a missing version is the command's error
+        from flows.steps import existing_dataset
+
+        try:
+            existing_dataset(ws, params.task, params.dataset_version)
+        except KeyError as e:
+            fail(f"--dataset-version: {str(e).strip(chr(34))}")
     ws.home.mkdir(parents=True, exist_ok=True)
     ws.configure_prefect()
     from flows.gate import verdict

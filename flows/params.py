@@ -130,9 +130,13 @@ class PipelineParams(BaseModel):
 
 
 class SimToEdgeParams(PipelineParams):
-    """One run of the whole chain for one task and target, calibrated on fresh stand-in logs."""
+    """One run of the whole chain for one task and target, calibrated on fresh stand-in logs (or on a dataset version
+    already collected, e.g. from a robot's rosbag)."""
 
     collect_episodes: int = Field(16, ge=1, description="Stand-in episodes to record for calibration.")
+    dataset_version: Optional[int] = Field(None, ge=1, description="Calibrate on this version of the task's dataset, "
+                                           "already collected (`sim2edge collect`, e.g. `--source rosbag`), instead of "
+                                           "recording fresh stand-in logs (None: record them).")
 
 
 class NightlyParams(PipelineParams):

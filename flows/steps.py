@@ -34,6 +34,12 @@ def dataset_store(ws: Workspace, task_ref: str) -> DatasetStore:
     return DatasetStore(ws.datasets / task.name, task, task_ref)
 
 
+def existing_dataset(ws: Workspace, task_ref: str, version: int) -> Dataset:
+    """Version ``version`` of the task's dataset store, as ``sim2edge collect`` left it (a KeyError naming the
+    versions there if it has none such)."""
+    return dataset_store(ws, task_ref).version(f"v{version:04d}")
+
+
 def collect_step(ctx: RunContext, ws: Workspace, task_ref: str, source: Source = "standin",
                  standin: StandinConfig = StandinConfig(), folder: Optional[Path] = None) -> IngestReport:
     """Ingest new logs from ``source`` into the task's dataset store; log the resulting version."""

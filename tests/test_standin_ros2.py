@@ -12,40 +12,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from stages.sim.cartpole import CartPole
-from stages.sim.task import Term
+from examples.joint_cartpole import JOINT_TERMS
 from tests.test_agent_ros2 import AGENT, ros  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.ros2
-TASK = "tests.test_standin_ros2:JointCartPole"
-JOINT_TERMS = ("slider_pos", "hinge_pos", "slider_vel", "hinge_vel")
+TASK = "examples.joint_cartpole:JointCartPole"
 BALANCER = (1.0, 10.0, 1.0, 1.5)
 """tests/test_evaluate.py's BALANCER (cart, pole sin, cart vel, pole rate) with the pole angle for its sine."""
 EPISODES, SEED = 10, 100
 IO = {"input": {"terms": [{"name": n, "unit": "1"} for n in JOINT_TERMS]},
       "output": {"terms": [{"name": "slide", "unit": "N"}], "low": [-1.0], "high": [1.0], "default": [0.0]}}
-
-
-@dataclass(frozen=True)
-class JointCartPole(CartPole):
-    """Cart-pole observed as a robot's joint states report it, the pole starting up to 0.5 rad off upright (the
-    balancer drops a few); 100-step (2 s) episodes, success at return 60."""
-
-    observations: tuple[Term, ...] = tuple(Term(n, "m" if n.startswith("slider") else "rad") for n in JOINT_TERMS)
-    episode_steps: int = 100
-    success_threshold: float = 60.0
-
-    def initial_state(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
-        return rng.uniform([-0.2, -0.5], [0.2, 0.5], size=(n, 2)), rng.uniform(-0.1, 0.1, size=(n, 2))
-
-    def observe(self, qpos: np.ndarray, qvel: np.ndarray) -> np.ndarray:
-        return np.concatenate([qpos, qvel], axis=1).astype(np.float32)
 
 
 def balancer_store(tmp_path: Path) -> tuple[Path, Path]:
