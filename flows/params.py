@@ -66,12 +66,18 @@ class PublishSettings(BaseModel):
     key_dir: Optional[str] = Field(None, description="Its role keys (default: <workspace>/tuf-keys; never served).")
 
 
+TASK_REFERENCE = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+"""A task as ``module:Class`` in a deployment's parameter schema, beside the registered names the UI picks from: Prefect
+checks a run's parameters against the schema before the flow's own validator sees them."""
+
+
 class PipelineParams(BaseModel):
     """What every pipeline flow takes: task, target, training budget, evaluation and gates."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    task: str = Field("cartpole", description="Registered task (`sim2edge tasks`); module:Class from the CLI.",
-                      json_schema_extra={"enum": names()})  # the UI's picker; the validator below accepts module:Class
+    task: str = Field("cartpole", description="Registered task (`sim2edge tasks`), or a user's own task as "
+                      "module:Class (importable where the flow runs, e.g. on the worker).",
+                      json_schema_extra={"anyOf": [{"enum": names()}, {"pattern": TASK_REFERENCE}]})
     target: str = Field("orin-jp6.1", description="Jetson target profile (`sim2edge targets`).")
     iterations: int = Field(100, ge=1, le=100000, description="PPO iterations.")
     num_envs: int = Field(128, ge=1, le=16384, description="Parallel simulated environments in training.")

@@ -24,6 +24,7 @@ from prefect.settings import PREFECT_API_URL
 
 from edge.bundle import sha256_path
 from flows import services
+from flows.params import TASK_REFERENCE
 from flows.deployments import NIGHTLY_CRON, ONE_AT_A_TIME, REPO, TUNE_DESCRIPTION, deployments, nightly_description
 from flows.stage_tasks import evaluate_shard
 from flows.workspace import Workspace
@@ -71,7 +72,19 @@ def test_deploy_registers_each_with_the_nightly_schedule(prefect_harness, tmp_pa
     assert tune.concurrency_options.collision_strategy.value == "CANCEL_NEW"  # one search at a time
     assert schema_property(tune.parameter_openapi_schema, "parallel")["default"] == 1
     task = schema_property(manual.parameter_openapi_schema, "task")
-    assert task["enum"] == names() == ["arm6", "cartpole", "quadruped", "reacher"]  # the form's picker lists the registered tasks
+    picker, own = task["anyOf"]
+    assert picker["enum"] == names() == ["arm6", "cartpole", "quadruped", "reacher"]  # the form's picker
+    assert own["pattern"] == TASK_REFERENCE  # or a user's own task as module:Class
+    # the server checks a run's parameters against that schema: a user's own task passes, a typo does not
+    runs = asyncio.run(_run_from(manual.id, "examples.pendulum:Pendulum"))
+    assert runs.parameters["params"]["task"] == "examples.pendulum:Pendulum"
+    with pytest.raises(Exception, match="pendulum"):
+        asyncio.run(_run_from(manual.id, "pendulum"))
+
+
+async def _run_from(deployment_id, task: str):
+    async with get_client() as client:
+        return await client.create_flow_run_from_deployment(deployment_id, parameters={"params": {"task": task}})
 
 
 def test_served_deployments_match_prefect_yaml():
