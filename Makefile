@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-slow up browser docker strace nginx mosquitto postgresql docs gpu-wheels
+.PHONY: setup run test test-slow up browser docker strace nginx mosquitto postgresql foxglove docs gpu-wheels
 
 setup: $(STAMP)
 
@@ -47,6 +47,13 @@ mosquitto:
 	@command -v mosquitto >/dev/null || [ "$$(id -u)" != 0 ] || apt-get install -y -q mosquitto >/dev/null \
 		|| { apt-get update -q >/dev/null && apt-get install -y -q mosquitto >/dev/null; } || true
 
+# Foxglove's MCAP and ROS 2 message libraries (npm, exact versions in tests/js/package-lock.json) into
+# tests/js/node_modules for tests/test_mcap_foxglove.py (needs Node and npm; elsewhere that test skips and says why);
+# reinstalled only when the lock file is newer than the install
+foxglove:
+	@[ tests/js/node_modules/.package-lock.json -nt tests/js/package-lock.json ] || ! command -v npm >/dev/null \
+		|| npm ci --prefix tests/js --no-audit --no-fund --silent >/dev/null || true
+
 # -rs: every skip says why; --durations: the slowest tests, to keep the default run under 25 min on 2 cores;
 # under CI=true a skip for chromium, Docker, strace or namespaces fails (tests/ci_skips.py).
 # The default run holds one whole pipeline (tests/test_e2e.py); `make test-slow` runs the other trainings end to end.
@@ -55,10 +62,10 @@ postgresql:
 	@test -x /usr/lib/postgresql/15/bin/initdb || [ "$$(id -u)" != 0 ] || apt-get install -y -q postgresql >/dev/null \
 		|| { apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null; } || true
 
-test: setup browser docker strace nginx mosquitto postgresql
+test: setup browser docker strace nginx mosquitto postgresql foxglove
 	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider -m "not slow" tests
 
-test-slow: setup browser docker strace nginx mosquitto postgresql
+test-slow: setup browser docker strace nginx mosquitto postgresql foxglove
 	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider -m slow tests
 
 # The reference in docs/ (MkDocs, Material theme) into site/; --strict fails on a broken link, anchor or nav entry.
