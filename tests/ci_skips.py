@@ -1,5 +1,6 @@
 """Under CI (``CI=true``) a skip for something this machine can provide is a failure: chromium, Docker
-(dockerd, docker-registry), strace, nginx, mosquitto, PostgreSQL, namespaces (unshare, netns), ROS 2 (rclpy). Other skips (TensorRT, an old CPython) stay skips."""
+(dockerd, docker-registry), strace, nginx, mosquitto, PostgreSQL, namespaces (unshare, netns), ROS 2 (rclpy),
+Foxglove's npm libraries (`make foxglove`). Other skips (TensorRT, an old CPython) stay skips."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 
 import pytest
 
-PROVIDED = re.compile(r"chromium|docker|strace|nginx|mosquitto|postgresql|unshare|netns|namespace|ROS 2|rclpy",
+PROVIDED = re.compile(r"chromium|docker|strace|nginx|mosquitto|postgresql|unshare|netns|namespace|ROS 2|rclpy|Foxglove",
                       re.IGNORECASE)
 
 
