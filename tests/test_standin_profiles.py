@@ -8,6 +8,7 @@ import pytest
 
 from stages import standin
 from stages.collect.ingest import StandinConfig, record_standin
+from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore
 from stages.sim.registry import load
 from stages.twin.search import FITTED
@@ -86,3 +87,32 @@ def test_quadruped_friction_is_within_its_interval(quadruped_twin):
     twin, truth = quadruped_twin
     lo, hi = twin.intervals["friction"]
     assert lo <= truth.friction <= hi, (twin.params.friction, lo, hi)
+
+@pytest.mark.slow  # 144-187 s on 2 loaded cores
+def test_arm6_per_joint_intervals_hold_the_truth(tmp_path):
+    """Issue 33 on arm6's per-joint stand-in: the global pass cannot represent per-joint damping, so its friction
+    stands in for it (~6 N m for truths of 0.34-0.67 N m); the per-joint pass must come back down from there (it used
+    to end at 1.5-12 N m, damping 10-25% low, 8 of 24 intervals holding) and body masses get intervals though the
+    global mass is unidentified. On these 12 episodes shoulder-lift friction, the joint gravity loads most (its servo
+    at its force limit most of the time), is fitted 0.28 N m low and its interval misses; with 24 episodes every one of
+    the 24 holds (benchmarks/calibrate_arm6_per_joint.py)."""
+    task, truth = load("arm6"), standin.hidden_params("arm6", "per-joint")
+    log = record(task, truth, 12, 0, tmp_path / "log.parquet", standin.robot_id("arm6", "per-joint"))
+    ds = DatasetStore(tmp_path / "ds", task, "arm6").ingest([log], "test").dataset
+    twin = calibrate(CalibrateConfig(max_windows=48, generations=30, search_generations=6, max_latency=1,
+                                     body_masses=True, bootstrap=100), ds, tmp_path / "twin")
+    p, missed = twin.params, []
+    for field, scale in (("damping_by_joint", "damping"), ("gain_by_actuator", "actuator_gain"),
+                         ("friction_by_joint", None)):
+        for j, true in getattr(truth, field).items():
+            lo, hi = twin.intervals[f"{field}.{j}"]
+            s_fit, s_true = (getattr(p, scale), getattr(truth, scale)) if scale else (1.0, 1.0)
+            if not s_fit * lo <= s_true * true <= s_fit * hi:
+                missed.append(f"{field}.{j}")
+            if scale:
+                assert s_fit * getattr(p, field)[j] == pytest.approx(s_true * true, rel=0.02), (field, j)
+            else:
+                assert abs(p.friction_by_joint[j] - true) < 0.3, (j, p.friction_by_joint[j], true)
+    assert len(missed) <= 1 and all(m.startswith("friction_by_joint.") for m in missed), missed
+    assert {f"mass_by_body.{b}" for b in task.mass_bodies} <= set(twin.intervals)
+    assert twin.misfit.worst_joints == () and twin.misfit.ratio < 1.5

@@ -35,8 +35,9 @@ class CalibrateConfig(BaseModel):
     groups: dict[str, tuple[str, ...]] = Field(default_factory=dict, description="Joints that share hardware, "
                                                "fitted as one multiplier: {group name: joint names}.")
     body_masses: bool = Field(False, description="Also fit a mass multiplier per mass body in the per-joint pass (with "
-                                                 "several mass bodies and the global mass identified). Off by default: on "
-                                                 "arm6 two of six links' intervals missed their truth.")
+                                                 "several mass bodies, whether or not the global mass is identified). "
+                                                 "Off by default: on arm6's per-joint stand-in three of six links' "
+                                                 "intervals still miss their truth.")
     misfit_ratio: float = Field(2.0, gt=1, description="Replay error over the noise floor above which the twin "
                                                        "reports a misfit.")
     bootstrap: int = Field(400, ge=20, description="Episode resamples of the bootstrap intervals.")
