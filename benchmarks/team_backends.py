@@ -2,7 +2,8 @@
 ``sim2edge up``: one worker, artifacts behind its proxy), on the workspace's SQLite file and on Debian's PostgreSQL
 started here as this process's own server, as tests/test_up_postgres.py does (needs root, to run it as the
 postgres user). N concurrent clients (separate processes) each log runs as a pipeline run does, over MLflow's REST
-API without retries: create the run with its tags, one batch of params and tags, three metrics, finish it.
+API without retries: create the run with its tags, one batch of params and tags, three metrics, finish it. Both
+servers run at once and each N is measured on SQLite then PostgreSQL, back to back.
 
 Prints per backend and N: requests/s, runs/s, p50/p99 latency of a request, the errors (and the first of each
 kind), then PostgreSQL/SQLite ratios measured in the same run. 20 clients work too: a failed request is counted
@@ -119,21 +120,25 @@ def measure(url: str, n: int, seconds: float) -> dict:
             "first_errors": {k: v for k, v in errors.most_common(3)}}
 
 
-def backend(name: str, ws: Workspace, store: str | None, clients: list[int], seconds: float) -> list[dict]:
-    """Start MLflow as ``sim2edge up`` does on ``store`` (None: the workspace's SQLite), measure each N, stop it."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = services.start(ws, "mlflow", services.mlflow_command(ws, "127.0.0.1", port, store), url, "/health",
-                            ws.home / f"mlflow-{name}.log")
+def backends(stores: dict[str, tuple[Workspace, str | None]], clients: list[int], seconds: float) -> dict:
+    """Start MLflow as ``sim2edge up`` does on each store (None: the workspace's SQLite), all at once; then for each N
+    measure each backend in turn (SQLite, PostgreSQL, SQLite, …) so the machine's changing load falls on both alike."""
+    servers, urls = [], {}
     try:
-        services.wait_healthy([server], timeout_s=180)
-        rows = []
+        for name, (ws, store) in stores.items():
+            port = free_port()
+            urls[name] = f"http://127.0.0.1:{port}"
+            servers.append(services.start(ws, "mlflow", services.mlflow_command(ws, "127.0.0.1", port, store),
+                                          urls[name], "/health", ws.home / f"mlflow-{name}.log"))
+        services.wait_healthy(servers, timeout_s=180)
+        rows = {name: [] for name in stores}
         for n in clients:
-            rows.append(measure(url, n, seconds))
-            print(f"{name:10s} {json.dumps(rows[-1])}", flush=True)
+            for name, url in urls.items():
+                rows[name].append(measure(url, n, seconds))
+                print(f"{name:10s} {json.dumps(rows[name][-1])}", flush=True)
         return rows
     finally:
-        services.stop([server])
+        services.stop(servers)
 
 
 def start_up(name: str, root: Path, database: str | None) -> dict:
@@ -241,9 +246,9 @@ def main() -> None:
         pg_port = start_postgres(pg)
         db = team_database.parse(f"postgresql://postgres@127.0.0.1:{pg_port}/bench")
         team_database.prepare(db)
-        sqlite = backend("sqlite", Workspace(home=root / "sqlite"), None, args.clients, args.seconds)
-        postgres = backend("postgresql", Workspace(home=root / "postgresql"), db.mlflow_url, args.clients,
-                           args.seconds)
+        rows = backends({"sqlite": (Workspace(home=root / "sqlite"), None),
+                         "postgresql": (Workspace(home=root / "postgresql"), db.mlflow_url)}, args.clients, args.seconds)
+        sqlite, postgres = rows["sqlite"], rows["postgresql"]
         pipes = pipelines(root, pg_port, args.pipeline_runs) if args.pipeline else []
     finally:
         as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(pg / "data"), "-m", "fast", "stop")
