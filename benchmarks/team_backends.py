@@ -2,19 +2,31 @@
 ``sim2edge up``: one worker, artifacts behind its proxy), on the workspace's SQLite file and on Debian's PostgreSQL
 started here as this process's own server, as tests/test_up_postgres.py does (needs root, to run it as the
 postgres user). N concurrent clients (separate processes) each log runs as a pipeline run does, over MLflow's REST
-API without retries: create the run with its tags, one batch of params and tags, three metrics, finish it.
+API without retries: create the run with its tags, one batch of params and tags, three metrics, finish it. Both
+servers run at once and each N is measured on SQLite then PostgreSQL, back to back.
 
 Prints per backend and N: requests/s, runs/s, p50/p99 latency of a request, the errors (and the first of each
-kind), then PostgreSQL/SQLite ratios measured in the same run.
+kind), then PostgreSQL/SQLite ratios measured in the same run. 20 clients work too: a failed request is counted
+and its reason shown (SQLite's "database is locked" would show there), never retried.
 
-Run: .venv/bin/python benchmarks/team_backends.py [--clients 1 4 8 --seconds 8]"""
+``--pipeline`` adds, in the same run, one ``sim2edge run`` of the tiny configuration of tests/test_team_runs.py (its
+cart-pole that always passes the gate) against ``sim2edge up`` on SQLite, then ``sim2edge up --database
+postgresql://…`` on the same PostgreSQL server, pointed at them as that test does (``MLFLOW_TRACKING_URI``,
+``PREFECT_API_URL``): the run's wall time, each stage's seconds (its ``seconds.*`` metrics, read back from MLflow)
+and the PostgreSQL/SQLite ratios. Each run starts from a fresh workspace (no stage cache), as a new laptop would.
+
+``--pipeline-runs K`` makes it K runs each, alternating between the backends (both stacks up at once), medians.
+
+Run: .venv/bin/python benchmarks/team_backends.py [--clients 1 4 8 --seconds 8] [--pipeline [--pipeline-runs K]]"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -108,28 +120,122 @@ def measure(url: str, n: int, seconds: float) -> dict:
             "first_errors": {k: v for k, v in errors.most_common(3)}}
 
 
-def backend(name: str, ws: Workspace, store: str | None, clients: list[int], seconds: float) -> list[dict]:
-    """Start MLflow as ``sim2edge up`` does on ``store`` (None: the workspace's SQLite), measure each N, stop it."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = services.start(ws, "mlflow", services.mlflow_command(ws, "127.0.0.1", port, store), url, "/health",
-                            ws.home / f"mlflow-{name}.log")
+def backends(stores: dict[str, tuple[Workspace, str | None]], clients: list[int], seconds: float) -> dict:
+    """Start MLflow as ``sim2edge up`` does on each store (None: the workspace's SQLite), all at once; then for each N
+    measure each backend in turn (SQLite, PostgreSQL, SQLite, …) so the machine's changing load falls on both alike."""
+    servers, urls = [], {}
     try:
-        services.wait_healthy([server], timeout_s=180)
-        rows = []
+        for name, (ws, store) in stores.items():
+            port = free_port()
+            urls[name] = f"http://127.0.0.1:{port}"
+            servers.append(services.start(ws, "mlflow", services.mlflow_command(ws, "127.0.0.1", port, store),
+                                          urls[name], "/health", ws.home / f"mlflow-{name}.log"))
+        services.wait_healthy(servers, timeout_s=180)
+        rows = {name: [] for name in stores}
         for n in clients:
-            rows.append(measure(url, n, seconds))
-            print(f"{name:10s} {json.dumps(rows[-1])}", flush=True)
+            for name, url in urls.items():
+                rows[name].append(measure(url, n, seconds))
+                print(f"{name:10s} {json.dumps(rows[name][-1])}", flush=True)
         return rows
     finally:
-        services.stop([server])
+        services.stop(servers)
+
+
+def start_up(name: str, root: Path, database: str | None) -> dict:
+    """``sim2edge up`` (``--database database`` unless None) in its own folder under ``root``, once it answers."""
+    from tests.servers import wait_up
+    from tests.test_team_runs import SIM2EDGE, TASK, TINY, clean_env
+
+    d = root / f"pipeline-{name}"
+    d.mkdir()
+    (d / "tiny.yaml").write_text(TINY)
+    (d / "team_task.py").write_text(TASK)
+    mlflow_port, prefect_port = free_port(), free_port()
+    log = d / "up.log"
+    t0 = time.perf_counter()
+    with log.open("wb") as out:
+        up = subprocess.Popen([SIM2EDGE, "up", "--mlflow-port", str(mlflow_port), "--prefect-port", str(prefect_port),
+                               *(["--database", database] if database else [])],
+                              env=clean_env(SIM2EDGE_HOME=str(d / "server")), stdout=out, stderr=subprocess.STDOUT)
+    stack = {"name": name, "dir": d, "up": up, "mlflow": f"http://127.0.0.1:{mlflow_port}",
+             "prefect": f"http://127.0.0.1:{prefect_port}/api", "runs": []}
+    try:
+        wait_up(up, log)
+    except BaseException:
+        stop_up(stack)
+        raise
+    stack["up_s"] = round(time.perf_counter() - t0, 1)
+    return stack
+
+
+def stop_up(stack: dict) -> None:
+    up = stack["up"]
+    up.send_signal(signal.SIGINT)
+    try:
+        up.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        up.kill()
+
+
+def pipeline_run(stack: dict, i: int) -> dict:
+    """One ``sim2edge run`` of the tiny configuration from a fresh workspace (a laptop: no stage cache) against
+    ``stack``, pointed at it as tests/test_team_runs.py does: wall seconds and its stage seconds from MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_team_runs import REPO, SIM2EDGE, clean_env
+
+    d = stack["dir"]
+    env = clean_env(SIM2EDGE_HOME=str(d / f"laptop-{i}"), MLFLOW_TRACKING_URI=stack["mlflow"],
+                    PREFECT_API_URL=stack["prefect"], OMP_NUM_THREADS="1", PYTHONPATH=f"{REPO}:{d}")
+    t0 = time.perf_counter()
+    done = subprocess.run([SIM2EDGE, "run", "--config", str(d / "tiny.yaml"), "--task", "team_task:TeamCart"],
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{stack['name']}: sim2edge run exited {done.returncode}:\n{done.stdout[-3000:]}")
+    client = MlflowClient(stack["mlflow"])
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    (parent,) = client.search_runs(experiments, "metrics.`seconds.total` > 0", order_by=["attributes.start_time DESC"],
+                                   max_results=1)
+    stages = {k.split(".", 1)[1]: round(v, 1) for k, v in parent.data.metrics.items() if k.startswith("seconds.")}
+    row = {"backend": stack["name"], "run": i, "wall_s": round(wall, 1), "stage_s": stages}
+    print(f"pipeline {json.dumps(row)}", flush=True)
+    return row
+
+
+def pipelines(root: Path, pg_port: int, runs: int) -> list[dict]:
+    """Both stacks up at once, then ``runs`` runs on each, alternating (SQLite, PostgreSQL, SQLite, …) so that the
+    machine's changing load falls on both alike; per backend: up's start-up, each run's wall and the medians."""
+    stacks = []
+    try:
+        stacks.append(start_up("sqlite", root, None))
+        stacks.append(start_up("postgresql", root, f"postgresql://postgres@127.0.0.1:{pg_port}/pipeline"))
+        for i in range(runs):
+            for stack in stacks:
+                stack["runs"].append(pipeline_run(stack, i))
+    finally:
+        for stack in stacks:
+            stop_up(stack)
+    out = []
+    for stack in stacks:
+        walls = [r["wall_s"] for r in stack["runs"]]
+        keys = stack["runs"][0]["stage_s"]
+        out.append({"backend": stack["name"], "up_s": stack["up_s"], "walls_s": walls,
+                    "wall_s": round(statistics.median(walls), 1),
+                    "stage_s": {k: round(statistics.median(r["stage_s"].get(k, 0.0) for r in stack["runs"]), 1)
+                                for k in keys}})
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per backend and N")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="also tiny `sim2edge run`s against `sim2edge up` on each backend")
+    parser.add_argument("--pipeline-runs", type=int, default=1, help="runs per backend with --pipeline, alternating")
     args = parser.parse_args()
+    started, load = time.perf_counter(), Path("/proc/loadavg").read_text().split()[:3]
     if not (PG_BIN / "initdb").exists():
         raise SystemExit(f"needs Debian's postgresql 15 ({PG_BIN})")
     root = Path(tempfile.mkdtemp(prefix="s2e-team-bench-"))
@@ -140,9 +246,10 @@ def main() -> None:
         pg_port = start_postgres(pg)
         db = team_database.parse(f"postgresql://postgres@127.0.0.1:{pg_port}/bench")
         team_database.prepare(db)
-        sqlite = backend("sqlite", Workspace(home=root / "sqlite"), None, args.clients, args.seconds)
-        postgres = backend("postgresql", Workspace(home=root / "postgresql"), db.mlflow_url, args.clients,
-                           args.seconds)
+        rows = backends({"sqlite": (Workspace(home=root / "sqlite"), None),
+                         "postgresql": (Workspace(home=root / "postgresql"), db.mlflow_url)}, args.clients, args.seconds)
+        sqlite, postgres = rows["sqlite"], rows["postgresql"]
+        pipes = pipelines(root, pg_port, args.pipeline_runs) if args.pipeline else []
     finally:
         as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(pg / "data"), "-m", "fast", "stop")
         shutil.rmtree(root, ignore_errors=True)
@@ -153,6 +260,20 @@ def main() -> None:
               f"({p['runs_per_s']} runs/s), p50 {p['p50_ms']} ms, p99 {p['p99_ms']} ms, {p['errors']} errors | "
               f"PostgreSQL/SQLite throughput {p['requests_per_s'] / s['requests_per_s']:.2f}x, "
               f"p99 {p['p99_ms'] / s['p99_ms']:.2f}x")
+        for row in (s, p):
+            if row["errors"]:
+                print(f"   errors ({'SQLite' if row is s else 'PostgreSQL'}): {row['first_errors']}")
+    if pipes:
+        s, p = pipes
+        stages = " ".join(f"{k} {s['stage_s'][k]}/{p['stage_s'].get(k, float('nan'))} s "
+                          f"({p['stage_s'].get(k, float('nan')) / s['stage_s'][k]:.2f}x)"
+                          for k in s["stage_s"] if s["stage_s"][k])
+        print(f"pipeline ({len(s['walls_s'])} runs each, medians): sim2edge run wall SQLite {s['wall_s']} s "
+              f"{s['walls_s']} | PostgreSQL {p['wall_s']} s {p['walls_s']} | PostgreSQL/SQLite "
+              f"{p['wall_s'] / s['wall_s']:.2f}x; up start {s['up_s']}/{p['up_s']} s; stages SQLite/PostgreSQL: "
+              f"{stages}")
+    print(f"load average at start {' '.join(load)}, at end {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; "
+          f"{(time.perf_counter() - started) / 60:.1f} min")
 
 
 if __name__ == "__main__":
