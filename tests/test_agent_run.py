@@ -95,7 +95,8 @@ def test_run_loop_over_udp_clamps_guards_and_watches(tmp_path):
     assert final["observations"] == 6 + FRESH_ACTIONS and final["safe_default"] == 2 and final["act_p99_us"] > 0
     # the loop kept the bundle's rate: every period is a tick or counted as skipped
     periods, expected = final["ticks"] + final["skipped_periods"], final["uptime_s"] / 0.01
-    assert expected > 10 and 0.75 * expected - 2 <= periods <= expected + 1, final  # slack: a loaded host
+    # slack: a loaded host below; above, the first tick at 0 and uptime_s rounded to 1 ms (0.1 of a period)
+    assert expected > 10 and 0.75 * expected - 2 <= periods <= expected + 1.1, final
 
 
 def test_run_loop_over_unix_socket_and_silence_stop(tmp_path):
