@@ -39,6 +39,21 @@ def status(url: str, login: tuple[str, str] | None = None, body: dict | None = N
         return e.code
 
 
+def reads_its_policy_only(url: str, device: tuple[str, str]) -> None:
+    """Anonymous reads of ``arm-policy`` refused, the device's allowed; another policy and every write refused."""
+    api = f"{url}/api/2.0/mlflow"
+    alias = f"{api}/registered-models/alias?name=arm-policy&alias=champion"
+    assert status(alias) == 401  # no login, no read
+    assert status(alias, device) == 200
+    assert status(f"{api}/registered-models/get?name=other-policy", device) == 403
+    writes = {"registered-models/set-tag": {"name": "arm-policy", "key": "hacked", "value": "1"},
+              "registered-models/alias": {"name": "arm-policy", "alias": "champion", "version": "1"},
+              "model-versions/set-tag": {"name": "arm-policy", "version": "1", "key": "hacked", "value": "1"},
+              "registered-models/delete": {"name": "other-policy"}}
+    for path, body in writes.items():
+        assert status(f"{api}/{path}", device, body) == 403, path
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """`sim2edge up --auth` on SQLite (password generated), and meanwhile a signed bundle of ``arm-policy``; yields
@@ -84,17 +99,7 @@ def test_a_device_user_reads_its_policy_only_and_writes_nothing(stack, tmp_path,
     assert made.returncode == 0, made.stdout + made.stderr
     device = ("robot1", made.stdout.split("password (shown once): ")[1].strip())
 
-    api = f"{url}/api/2.0/mlflow"
-    alias = f"{api}/registered-models/alias?name=arm-policy&alias=champion"
-    assert status(alias) == 401  # no login, no read
-    assert status(alias, device) == 200
-    assert status(f"{api}/registered-models/get?name=other-policy", device) == 403
-    writes = {"registered-models/set-tag": {"name": "arm-policy", "key": "hacked", "value": "1"},
-              "registered-models/alias": {"name": "arm-policy", "alias": "champion", "version": "1"},
-              "model-versions/set-tag": {"name": "arm-policy", "version": "1", "key": "hacked", "value": "1"},
-              "registered-models/delete": {"name": "other-policy"}}
-    for path, body in writes.items():
-        assert status(f"{api}/{path}", device, body) == 403, path
+    reads_its_policy_only(url, device)
     model = MlflowClient(url).get_registered_model("arm-policy")
     assert "hacked" not in model.tags and model.aliases == {"champion": "1"}
 

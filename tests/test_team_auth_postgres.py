@@ -16,7 +16,7 @@ from mlflow.tracking import MlflowClient
 from tests.bundles import make_bundle, make_keys, publish
 from tests.conftest import free_port, run_cli
 from tests.servers import wait_up
-from tests.test_team_auth import LOGIN_VARS, status
+from tests.test_team_auth import LOGIN_VARS, reads_its_policy_only
 from tests.test_team_runs import SIM2EDGE, clean_env
 from tests.test_up_postgres import pytestmark as needs_postgres
 from tests.test_up_postgres import postgres, rows  # noqa: F401  (postgres: the fixture)
@@ -52,16 +52,7 @@ def test_a_device_user_pulls_the_champion_and_writes_nothing_on_postgresql(postg
         assert made.returncode == 0, made.stdout + made.stderr
         device = ("robot1", made.stdout.split("password (shown once): ")[1].strip())
 
-        api = f"{url}/api/2.0/mlflow"
-        alias = f"{api}/registered-models/alias?name=arm-policy&alias=champion"
-        assert status(alias) == 401 and status(alias, device) == 200
-        assert status(f"{api}/registered-models/get?name=other-policy", device) == 403
-        writes = {"registered-models/set-tag": {"name": "arm-policy", "key": "hacked", "value": "1"},
-                  "registered-models/alias": {"name": "arm-policy", "alias": "champion", "version": "1"},
-                  "model-versions/set-tag": {"name": "arm-policy", "version": "1", "key": "hacked", "value": "1"},
-                  "registered-models/delete": {"name": "other-policy"}}
-        for path, body in writes.items():
-            assert status(f"{api}/{path}", device, body) == 403, path
+        reads_its_policy_only(url, device)
         # (not asserted: MLflow's basic auth lets any login *create* a registered model or an experiment, which it
         # then manages; the device's login can do that too, but touches nothing it was not made owner of)
 

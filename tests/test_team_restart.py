@@ -26,19 +26,13 @@ from tests.servers import wait_up
 from tests.test_team_runs import REPO, SIM2EDGE, TASK, TINY, clean_env
 from tests.test_up_postgres import pytestmark as needs_postgres
 from tests.test_up_postgres import postgres, rows  # noqa: F401  (postgres: the fixture)
-from tests.test_up_ports import marked, none_left
+from tests.test_up_ports import none_left
+from tests.test_up_restart import server_group
 
 pytestmark = [pytest.mark.slow, needs_postgres]
 COMPLETE = {models.TAG_PATH, models.TAG_SHA256, "sim2edge.dataset_digest", "sim2edge.twin_digest",
             "sim2edge.pipeline_run_id", "sim2edge.gate"}
 """Tags a registered version carries once ``register`` is done with it."""
-
-
-def server_group(home, server: str) -> int:
-    """The process group of the workspace's ``python -m mlflow server`` or ``python -m prefect server``."""
-    (pid,) = [pid for pid in marked(home) if os.getpgid(pid) == pid
-              and f"{server}\0server".encode() in open(f"/proc/{pid}/cmdline", "rb").read()]
-    return pid
 
 
 def kill_at_first_version(url: str, home, server: str, killed: list, stop: threading.Event) -> None:

@@ -31,10 +31,10 @@ def start_up(home: Path, log: Path, mlflow_port: int, *options: str) -> subproce
                                 env={**env, "SIM2EDGE_HOME": str(home)}, stdout=out, stderr=subprocess.STDOUT)
 
 
-def mlflow_server(home: Path) -> int:
-    """The pid (and process group) of the workspace's `python -m mlflow server`."""
+def server_group(home: Path, server: str = "mlflow") -> int:
+    """The pid (and process group) of the workspace's `python -m mlflow server` or `python -m prefect server`."""
     (pid,) = [pid for pid in marked(home) if os.getpgid(pid) == pid
-              and b"mlflow\0server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+              and f"{server}\0server".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
     return pid
 
 
@@ -69,7 +69,7 @@ def test_a_killed_mlflow_server_is_restarted_with_its_data_and_a_client_rides_it
         wait_up(up, log)
         client = MlflowClient(url)
         client.create_registered_model("before-restart")
-        killed = mlflow_server(home)
+        killed = server_group(home)
         os.killpg(killed, signal.SIGKILL)  # as the OOM killer of its cgroup would: the server and its worker
         wait_for(lambda: not answers(url), 5, "the killed server still answers")
         started = time.monotonic()
@@ -78,7 +78,7 @@ def test_a_killed_mlflow_server_is_restarted_with_its_data_and_a_client_rides_it
         line = "mlflow exited with code -9; restarted (1 of 5 in the last 10 min)"
         assert line in log.read_text().splitlines(), log.read_text()[-3000:]
         assert f"sim2edge up: {line}" in (home / "logs" / "mlflow.log").read_text()
-        assert answers(url) and mlflow_server(home) != killed and up.poll() is None
+        assert answers(url) and server_group(home) != killed and up.poll() is None
     finally:
         up.send_signal(signal.SIGTERM)
         up.wait(timeout=60)
@@ -91,7 +91,7 @@ def test_a_server_that_cannot_start_again_ends_up_with_one_line(tmp_path):
     up = start_up(home, log, port, "--max-restarts", "1")
     try:
         wait_up(up, log)
-        os.killpg(mlflow_server(home), signal.SIGKILL)
+        os.killpg(server_group(home), signal.SIGKILL)
         with socket.socket() as squatter:  # its port taken before it starts again: the restart fails too
             squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             wait_for(lambda: bound(squatter, port), 10, "port not freed")
