@@ -417,7 +417,7 @@ def parser() -> argparse.ArgumentParser:
 
 def exit_code(e: Exception) -> int:
     """Refused (1), error (2) or unavailable (3): see the module docstring."""
-    from edge.registry_client import RegistryError, RegistryUnavailable
+    from edge.errors import RegistryError, RegistryUnavailable
 
     if isinstance(e, RegistryUnavailable) or (isinstance(e, CheckFailed) and e.check in ("backoff", "lock")):
         return UNAVAILABLE

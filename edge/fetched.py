@@ -8,7 +8,7 @@ from typing import Iterable
 
 from edge import bundle
 from edge.errors import CheckFailed
-from edge.registry_client import BundleRef
+from edge.registry_answers import BundleRef
 
 
 def unpack(part: Path, dest: Path, ref: BundleRef, trusted: Iterable) -> dict:

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Dict, Iterable, Optional, Protocol
 
 from edge import bundle, crash
-from edge.errors import CheckFailed, is_disk_full
+from edge.errors import CheckFailed, RegistryUnavailable, is_disk_full
 from edge.fetched import check_identity, unpack
-from edge.registry_client import (BundleRef, DownloadStats, RegistryClient, RegistryUnavailable, TransferOptions,
-                                  parse_ref)
+from edge.registry_answers import BundleRef, parse_ref
+from edge.registry_client import DownloadStats, RegistryClient, TransferOptions
 from edge.signing import key_ids
 from edge.store import DeviceStore
 from edge.targets import check_compatible, detect_device, load_target

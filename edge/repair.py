@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 from edge import bundle, crash
-from edge.errors import CheckFailed
+from edge.errors import CheckFailed, RegistryUnavailable
 from edge.fetched import check_identity, unpack
-from edge.registry_client import RegistryClient, RegistryUnavailable, TransferOptions
+from edge.registry_client import RegistryClient, TransferOptions
 from edge.store import DeviceStore, fsync_dir
 
 STEPS = ("repair-downloaded", "repair-verified", "repair-moved")  # crash points, in order

@@ -57,9 +57,9 @@ from typing import IO, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from edge.errors import CheckFailed, RegistryError
+from edge.registry_client import RegistryClient, TransferOptions
 from edge.store import DeviceStore, fsync_dir
-from edge.errors import CheckFailed
-from edge.registry_client import RegistryClient, RegistryError, TransferOptions
 from edge.values import ID, ArtifactPath, shown
 
 

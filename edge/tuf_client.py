@@ -31,8 +31,9 @@ import urllib.parse
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
-from edge.errors import CheckFailed
-from edge.registry_client import BundleRef, DownloadStats, RegistryUnavailable, TransferOptions
+from edge.errors import CheckFailed, RegistryUnavailable
+from edge.registry_answers import BundleRef
+from edge.registry_client import DownloadStats, TransferOptions
 from edge.rollout_plan import MAX_BYTES as MAX_PLAN_BYTES
 from edge.rollout_plan import parse_plan, ring_of, version_for
 from edge.store import DeviceStore

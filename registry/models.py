@@ -13,7 +13,7 @@ from pathlib import Path
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
+from edge.registry_answers import TAG_PATH, TAG_SHA256, TAG_SIZE
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 BARRIER_ENV = "SIM2EDGE_PROMOTE_BARRIER"

@@ -24,7 +24,7 @@ ARTIFACTS = "/api/2.0/mlflow-artifacts/artifacts/"
 def model_version(name: str, version: object, path: object, sha256: object, size: object,
                   run_id: object = "0123456789abcdef0123456789abcdef", tags: object = None) -> dict:
     """An alias/version answer as MLflow gives it, with the bundle tags the agent reads (any field may lie)."""
-    from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
+    from edge.registry_answers import TAG_PATH, TAG_SHA256, TAG_SIZE
 
     if tags is None:
         tags = [{"key": TAG_PATH, "value": path}, {"key": TAG_SHA256, "value": sha256},

@@ -17,7 +17,8 @@ from mlflow.tracking import MlflowClient
 from edge import bundle, crash, signing
 from edge.errors import CheckFailed
 from edge.pull import PullOptions, pull, watch
-from edge.registry_client import TAG_SHA256, TransferOptions
+from edge.registry_answers import TAG_SHA256
+from edge.registry_client import TransferOptions
 from edge.report import device_state
 from edge.store import DeviceStore
 from registry import models

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from edge import bundle, signing
 from edge.errors import CheckFailed
-from edge.registry_client import BundleRef, bundle_ref, parse_ref
+from edge.registry_answers import BundleRef, bundle_ref, parse_ref
 from edge.store import DeviceStore
 from edge.values import PolicyName
 from tests.bundles import make_bundle, make_keys

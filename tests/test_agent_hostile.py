@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from edge import bundle, signing
-from edge.registry_client import TAG_PATH, TAG_SHA256, TAG_SIZE
+from edge.registry_answers import TAG_PATH, TAG_SHA256, TAG_SIZE
 from edge.store import DeviceStore
 from tests.bundles import GATE_FAILED, golden, make_bundle, make_keys, manifest, publish, tiny_onnx
 from tests.hostile_registry import model_version

@@ -23,7 +23,8 @@ from mlflow.tracking import MlflowClient
 from edge import signing
 from edge.errors import CheckFailed
 from edge.pull import PullOptions, pull
-from edge.registry_client import RegistryUnavailable, TransferOptions
+from edge.errors import RegistryUnavailable
+from edge.registry_client import TransferOptions
 from edge.store import DeviceStore
 from tests.bundles import GATE_FAILED, FaultProxy, make_bundle, make_keys, publish
 from tests.conftest import free_port, run_cli
