@@ -65,7 +65,9 @@ postgresql:
 test: setup browser docker strace nginx mosquitto postgresql foxglove
 	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider -m "not slow" tests
 
+# the slow tests include MuJoCo Warp's parity with C MuJoCo: its `warp` extra (~590 MB) is installed here only
 test-slow: setup browser docker strace nginx mosquitto postgresql foxglove
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[warp]'
 	$(BIN)/python -m pytest -q -rs --durations=40 -p no:cacheprovider -m slow tests
 
 # The reference in docs/ (MkDocs, Material theme) into site/; --strict fails on a broken link, anchor or nav entry.

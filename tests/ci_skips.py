@@ -1,6 +1,7 @@
 """Under CI (``CI=true``) a skip for something this machine can provide is a failure: chromium, Docker
 (dockerd, docker-registry), strace, nginx, mosquitto, PostgreSQL, namespaces (unshare, netns), ROS 2 (rclpy),
-Foxglove's npm libraries (`make foxglove`). Other skips (TensorRT, an old CPython) stay skips."""
+Foxglove's npm libraries (`make foxglove`), MuJoCo Warp (the `warp` extra, which `make test-slow` installs). Other
+skips (TensorRT, an old CPython) stay skips."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import re
 
 import pytest
 
-PROVIDED = re.compile(r"chromium|docker|strace|nginx|mosquitto|postgresql|unshare|netns|namespace|ROS 2|rclpy|Foxglove",
-                      re.IGNORECASE)
+PROVIDED = re.compile(r"chromium|docker|strace|nginx|mosquitto|postgresql|unshare|netns|namespace|ROS 2|rclpy|Foxglove"
+                      r"|MuJoCo Warp", re.IGNORECASE)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -64,7 +64,12 @@ class BatchedEnv:
         nthread: int = 2,
         terminate: bool = True,
         disturbance: Disturbance | None = None,
+        backend: str = "mujoco",
     ) -> None:
+        """``backend``: "mujoco" (``mujoco.rollout``, C MuJoCo) or "warp" (MuJoCo Warp on its CPU device, float32:
+        :mod:`stages.sim.warp_physics`, needs the ``warp`` extra)."""
+        if backend not in ("mujoco", "warp"):
+            raise ValueError(f"backend must be 'mujoco' or 'warp', not {backend!r}")
         self.task, self.num_envs = task, num_envs
         self._all = np.arange(num_envs)
         self.disturbance = disturbance or Disturbance()
@@ -78,6 +83,11 @@ class BatchedEnv:
         self._actuated = actuated_dofs(nominal)
         self._datas = [mujoco.MjData(nominal) for _ in range(nthread)]
         self._pool = rollout.Rollout(nthread=nthread)
+        self._warp = None
+        if backend == "warp":
+            from stages.sim.warp_physics import WarpRollout
+
+            self._warp = WarpRollout(nominal, num_envs)
         self.chunk_size = -(-num_envs // nthread)
         """Envs per rollout task: one chunk per thread (≈10% faster than mujoco's default of smaller chunks here)."""
         self.nq, self.nv, self.nu = nominal.nq, nominal.nv, nominal.nu
@@ -145,6 +155,8 @@ class BatchedEnv:
         self.params = [PhysicalParams(**p) for p in snap["params"]]
         for model, p in zip(self.models, self.params):
             apply_params(model, self.task.model, p, self.task.mass_mask, self._actuated, self._datas[0])
+        if self._warp:
+            self._warp.set_models(self.models, self._all)
         self.rng.bit_generator.state = snap["rng"]
 
     def reset(self, mask: np.ndarray | None = None) -> np.ndarray:
@@ -165,6 +177,8 @@ class BatchedEnv:
             self.params[i] = p
             self.obs_noise[i] = p.obs_noise
             self.latency[i] = p.latency_steps
+        if self._warp and (self.randomization or mask is None):
+            self._warp.set_models(self.models, idx)
         if self.task.commands:
             self.command[idx] = self.task.sample_commands(self.rng, len(idx))
         self.state[idx] = 0.0
@@ -240,11 +254,15 @@ class BatchedEnv:
             self._control[:, :, self.nu : self._mocap_cols.start] = self._push_forces()[:, None, :]
         if self.task.mocap:
             self._control[:, :, self._mocap_cols] = self.mocap_positions()[:, None, :]
-        self._pool.rollout(
-            self.models, self._datas, self.state, self._control, control_spec=self._control_spec,
-            nstep=self.task.decimation, skip_checks=True, state=self._state_out, sensordata=self._sens_out,
-            chunk_size=self.chunk_size,
-        )
+        if self._warp:
+            self._warp.rollout(self.state, self._control, self._control_spec, self.task.decimation,
+                               self._state_out, self._sens_out)
+        else:
+            self._pool.rollout(
+                self.models, self._datas, self.state, self._control, control_spec=self._control_spec,
+                nstep=self.task.decimation, skip_checks=True, state=self._state_out, sensordata=self._sens_out,
+                chunk_size=self.chunk_size,
+            )
         self.state[:] = self._state_out[:, -1]
         self.sensordata[:] = self._sens_out[:, -1]
         if len(self._obs_history) > 1:
