@@ -7,7 +7,8 @@ learner copies into ``alg.storage``; the weights travel the other way through sh
 only the handshake and the finished episodes' statistics. Policy lag is one update, as with the thread
 (:class:`stages.train.OverlappedSampler`): while the learner updates on rollout k, the child collects k+1 with
 the weights from before that update. Neither the child's environment nor its pending rollout is checkpointed,
-so :func:`stages.train.train` refuses ``resume`` and ``checkpoint_every`` with this collector.
+so :func:`stages.train.train` refuses ``resume`` and ``checkpoint_every`` with this collector. Spawning re-imports
+the main module: a script that trains with it needs the ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
