@@ -15,11 +15,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Literal, Optional
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rsl_rl.algorithms import PPO
 from rsl_rl.env import VecEnv
 from tensordict import TensorDict
@@ -69,10 +69,23 @@ class TrainConfig(BaseModel):
                                                            "randomizes over each, widened by the task's own ranges "
                                                            "(``Randomization.around``). Empty: the task's ranges.")
     overlap: bool = Field(False, description="Collect the next rollout while the update runs (one policy lag; "
-                                             "not bit-reproducible). See benchmarks/overlap.py for when it pays.")
+                                             "not bit-reproducible): collector='thread' by its older name. See "
+                                             "benchmarks/overlap.py for when it pays.")
+    collector: Literal["sequential", "thread", "process"] = Field("sequential", description="Who collects the "
+                                                                  "rollouts: `sequential` before each update (the "
+                                                                  "reproducible default); `thread` or `process` the "
+                                                                  "next one during the update, with the policy one "
+                                                                  "update old (`process`: in a child process, no "
+                                                                  "resume or periodic checkpoints).")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="Torch device of the networks, the "
                         "rollout storage and the update (`cpu`, `cuda`, `cuda:N`); the physics stays on the CPU. "
                         "Checkpoints load on the CPU wherever they were trained (benchmarks/gpu_check.py).")
+
+    @model_validator(mode="after")
+    def _one_collector(self) -> "TrainConfig":
+        if self.overlap and self.collector == "process":
+            raise ValueError("overlap=True means collector='thread'; give collector alone")
+        return self
 
 
 RESUMABLE_CHANGES = frozenset({"iterations", "eval_every", "eval_episodes", "target_return", "checkpoint_every",
@@ -191,6 +204,12 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def make_env(cfg: TrainConfig, task: Task, twin: PhysicalParams) -> BatchedEnv:
+    """The training environments: ``cfg.num_envs`` seeded copies of ``task`` randomized around ``twin``."""
+    return BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization.around(twin, cfg.twin_intervals),
+                      seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance)
+
+
 EVAL_SEED = 7_000_000
 """Seed of the deterministic evaluation's initial states (disjoint from training seeds)."""
 
@@ -240,9 +259,13 @@ class Sampler:
         """On entry ``alg.storage`` holds a fresh on-policy rollout; the block runs the update."""
         yield Collected(self._collect(self.alg))
 
+    def close(self) -> None:
+        """Release what collection holds (a thread or process); nothing here."""
+
 
 class OverlappedSampler(Sampler):
-    """Collects the next rollout with a copy of the current policy on a second thread while the update runs.
+    """Collects the next rollout with a copy of the current policy on a second thread while the update runs
+    (``collector='thread'``, or ``overlap=True``).
 
     It pays only where both phases spend their time outside the GIL (physics in C, large networks or a GPU
     update); with small MLPs on 2 cores each phase slows down by what it hides (benchmarks/overlap.py).
@@ -309,19 +332,21 @@ def train(
     ``warm_start``: start from another checkpoint's actor and critic (fresh optimizer, iteration 0).
     ``resume``: continue a checkpoint of this same run (:data:`RESUMABLE_CHANGES` aside) from its
     iteration up to ``cfg.iterations``, with its optimizer, RNG and environment states: the result
-    equals an uninterrupted run's.
+    equals an uninterrupted run's. Neither it nor ``cfg.checkpoint_every`` works with ``collector='process'``
+    (ValueError): the child's environment and its pending rollout are not part of the checkpoint.
     ``evaluate``: what scores the actor every ``eval_every`` iterations (default :func:`deterministic_return`),
     e.g. a benchmark's own fixed episodes. Torch runs on ``cfg.torch_threads`` threads meanwhile (a process-wide
     setting: concurrent trainings in one process each set it and put back what they found)."""
     with torch_threads(cfg.torch_threads):
         if warm_start is not None and resume is not None:
             raise ValueError("give warm_start or resume, not both")
+        if cfg.collector == "process" and (resume is not None or cfg.checkpoint_every):
+            raise ValueError("collector='process' cannot resume or write periodic checkpoints (its child's environment "
+                             "and pending rollout are not saved): use collector='sequential'")
         check_device(cfg.device)
         task = load(cfg.task)
         torch.manual_seed(cfg.seed)
-        env = BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization.around(twin, cfg.twin_intervals),
-                         seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance)
-        vec_env = RslRlEnv(env, cfg.device)
+        vec_env = RslRlEnv(make_env(cfg, task, twin), cfg.device)
         alg = build_algorithm(cfg, vec_env)
         if warm_start is not None:
             alg.load(torch.load(warm_start, map_location=cfg.device, weights_only=False), {"actor": True, "critic": True},
@@ -330,58 +355,67 @@ def train(
         alg.train_mode()
         last_return = -math.inf
         iterations = cfg.iterations
-        sampler = (OverlappedSampler if cfg.overlap else Sampler)(alg, vec_env, cfg)
-        budget_end, iteration_s = time.perf_counter() + 60 * (cfg.minutes or math.inf), 0.0
-        for it in range(first, cfg.iterations):
-            good = copy.deepcopy(_state(alg, vec_env, twin))  # after the last finite update (normalizer included)
-            start = began = time.perf_counter()
-            final = it + 1 >= cfg.iterations or began + 2 * iteration_s > budget_end  # another would end past the budget
-            try:
-                with sampler.rollout(more=not final) as collect:
-                    update_start = time.perf_counter()
-                    losses = alg.update()
-                    update = time.perf_counter() - update_start
-            except NonFiniteTerm as e:  # the task's own term: named, and stopped before it reaches the weights
-                losses = {str(e): math.nan}
-            except (ValueError, RuntimeError):  # torch refuses to sample from a NaN mean or std mid-update
-                if all_finite(alg):
-                    raise
-                losses = {"parameters": math.nan}
-            if not all(math.isfinite(v) for v in losses.values()):
-                ckpt = save_checkpoint(good, it, cfg, out_dir, last_return)
-                raise NonFiniteTraining(f"iteration {it}: training diverged (NaN/Inf in {', '.join(losses)}); the last good "
-                                        f"checkpoint (after {it} iterations) is {ckpt.path}")
-            if vec_env.finished_returns:
-                last_return = float(np.mean(vec_env.finished_returns))
-            metrics = {
-                "mean_return": last_return,
-                "success_rate": float(np.mean(vec_env.finished_success)) if vec_env.finished_success else 0.0,
-                "episodes": float(len(vec_env.finished_returns)),
-                "mean_episode_length": float(np.mean(vec_env.finished_lengths)) if vec_env.finished_lengths else math.nan,
-                "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect.seconds,
-                "collect_time_s": collect.seconds,
-                "iteration_time_s": time.perf_counter() - start,
-                "update_time_s": update,
-                "sample_time_share": collect.seconds / (collect.seconds + update),
-                **{f"loss_{k}": float(v) for k, v in losses.items()},
-            }
-            vec_env.finished_returns.clear()
-            vec_env.finished_success.clear()
-            vec_env.finished_lengths.clear()
-            if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
-                start = time.perf_counter()
-                metrics["eval_return"] = (evaluate or deterministic_return)(alg.actor, task, twin, cfg.eval_episodes,
-                                                                            cfg.nthread)
-                metrics["eval_time_s"] = time.perf_counter() - start
-            if on_iteration:
-                on_iteration(it, metrics)
-            iteration_s = time.perf_counter() - began
-            if final or (cfg.target_return is not None and metrics.get("eval_return", -math.inf) >= cfg.target_return):
-                iterations = it + 1
-                break
-            if cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
-                save_checkpoint(_state(alg, vec_env, twin), it + 1, cfg, out_dir, last_return)
-        return save_checkpoint(_state(alg, vec_env, twin), iterations, cfg, out_dir, last_return)
+        if cfg.collector == "process":
+            from stages.process_sampler import ProcessSampler  # it imports this module
+
+            sampler: Sampler = ProcessSampler(alg, vec_env, cfg, task, twin)
+        else:
+            sampler = (OverlappedSampler if cfg.overlap or cfg.collector == "thread" else Sampler)(alg, vec_env, cfg)
+        with contextlib.closing(sampler):
+            budget_end, iteration_s = time.perf_counter() + 60 * (cfg.minutes or math.inf), 0.0
+            for it in range(first, cfg.iterations):
+                good = copy.deepcopy(_state(alg, vec_env, twin))  # after the last finite update (normalizer included)
+                start = began = time.perf_counter()
+                # the last one: another would end past the budget
+                final = it + 1 >= cfg.iterations or began + 2 * iteration_s > budget_end
+                try:
+                    with sampler.rollout(more=not final) as collect:
+                        update_start = time.perf_counter()
+                        losses = alg.update()
+                        update = time.perf_counter() - update_start
+                except NonFiniteTerm as e:  # the task's own term: named, and stopped before it reaches the weights
+                    losses = {str(e): math.nan}
+                except (ValueError, RuntimeError):  # torch refuses to sample from a NaN mean or std mid-update
+                    if all_finite(alg):
+                        raise
+                    losses = {"parameters": math.nan}
+                if not all(math.isfinite(v) for v in losses.values()):
+                    ckpt = save_checkpoint(good, it, cfg, out_dir, last_return)
+                    raise NonFiniteTraining(f"iteration {it}: training diverged (NaN/Inf in {', '.join(losses)}); the "
+                                            f"last good checkpoint (after {it} iterations) is {ckpt.path}")
+                if vec_env.finished_returns:
+                    last_return = float(np.mean(vec_env.finished_returns))
+                metrics = {
+                    "mean_return": last_return,
+                    "success_rate": float(np.mean(vec_env.finished_success)) if vec_env.finished_success else 0.0,
+                    "episodes": float(len(vec_env.finished_returns)),
+                    "mean_episode_length": (float(np.mean(vec_env.finished_lengths)) if vec_env.finished_lengths
+                                            else math.nan),
+                    "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect.seconds,
+                    "collect_time_s": collect.seconds,
+                    "iteration_time_s": time.perf_counter() - start,
+                    "update_time_s": update,
+                    "sample_time_share": collect.seconds / (collect.seconds + update),
+                    **{f"loss_{k}": float(v) for k, v in losses.items()},
+                }
+                vec_env.finished_returns.clear()
+                vec_env.finished_success.clear()
+                vec_env.finished_lengths.clear()
+                if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
+                    start = time.perf_counter()
+                    metrics["eval_return"] = (evaluate or deterministic_return)(alg.actor, task, twin,
+                                                                                cfg.eval_episodes, cfg.nthread)
+                    metrics["eval_time_s"] = time.perf_counter() - start
+                if on_iteration:
+                    on_iteration(it, metrics)
+                iteration_s = time.perf_counter() - began
+                if final or (cfg.target_return is not None
+                             and metrics.get("eval_return", -math.inf) >= cfg.target_return):
+                    iterations = it + 1
+                    break
+                if cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
+                    save_checkpoint(_state(alg, vec_env, twin), it + 1, cfg, out_dir, last_return)
+            return save_checkpoint(_state(alg, vec_env, twin), iterations, cfg, out_dir, last_return)
 
 
 def _state(alg: PPO, vec_env: RslRlEnv, twin: PhysicalParams) -> dict:
