@@ -77,6 +77,10 @@ class TrainConfig(BaseModel):
                                                                   "next one during the update, with the policy one "
                                                                   "update old (`process`: in a child process, no "
                                                                   "resume or periodic checkpoints).")
+    backend: Literal["mujoco", "warp"] = Field("mujoco", description="Physics of the training environments: "
+                                               "`mujoco` (C MuJoCo, `mujoco.rollout`) or `warp` (MuJoCo Warp on its "
+                                               "CPU device, the `warp` extra; slower than C MuJoCo on a CPU, see "
+                                               "benchmarks/warp_throughput.py). Evaluation stays on C MuJoCo.")
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="Torch device of the networks, the "
                         "rollout storage and the update (`cpu`, `cuda`, `cuda:N`); the physics stays on the CPU. "
                         "Checkpoints load on the CPU wherever they were trained (benchmarks/gpu_check.py).")
@@ -207,7 +211,7 @@ def torch_threads(n: int) -> Iterator[None]:
 def make_env(cfg: TrainConfig, task: Task, twin: PhysicalParams) -> BatchedEnv:
     """The training environments: ``cfg.num_envs`` seeded copies of ``task`` randomized around ``twin``."""
     return BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization.around(twin, cfg.twin_intervals),
-                      seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance)
+                      seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance, backend=cfg.backend)
 
 
 EVAL_SEED = 7_000_000

@@ -57,3 +57,16 @@ def test_dropped_constraints_are_refused() -> None:
 def test_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="backend must be"):
         BatchedEnv(registry.load("cartpole"), 2, backend="jax")
+
+
+@pytest.mark.slow
+def test_training_runs_on_warp(tmp_path) -> None:
+    """``TrainConfig.backend='warp'`` trains on Warp's physics (evaluation stays on C MuJoCo)."""
+    pytest.importorskip("mujoco_warp", reason="MuJoCo Warp (mujoco_warp) is not installed: the `warp` extra")
+    from stages.train import TrainConfig, train
+
+    seen = []
+    ckpt = train(TrainConfig(backend="warp", iterations=3, num_envs=16, steps_per_env=16, eval_every=3, eval_episodes=4),
+                 registry.load("cartpole").nominal_params(), tmp_path / "ck", on_iteration=lambda it, m: seen.append(m))
+    assert ckpt.iterations == 3 and ckpt.path.exists()
+    assert all(np.isfinite(m["eval_return"]) for m in seen if "eval_return" in m) and len(seen) == 3
