@@ -102,7 +102,9 @@ def test_collect_reads_the_agents_mcap_like_any_bag(recorded, tmp_path):
     assert np.concatenate([s.state.values for s in streams]) == pytest.approx(states, abs=0)
     assert np.concatenate([s.commands.values for s in streams]) == pytest.approx(actions, abs=0)
     stamps = np.concatenate([s.state.times for s in streams])
-    assert (np.diff(stamps) > 0.015e9).all()  # header stamps: the paced steps' wall-clock times
+    # header stamps: the steps' wall-clock times, the client's 20 ms pacing plus each observation's wait for the
+    # agent's next 5 ms tick (up to ~11 ms more on a loaded host, so one gap can be 14 ms: the median is the check)
+    assert (np.diff(stamps) > 0).all() and np.median(np.diff(stamps)) > 0.015e9
     report = ingest_bag(DatasetStore(tmp_path / "datasets", task, "cartpole"), files[0], mapping)
     assert report.dataset.episodes == 1 and report.quarantined == ()
 

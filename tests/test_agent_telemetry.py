@@ -28,7 +28,7 @@ AGENT = str(Path(sys.executable).parent / "sim2edge-agent")
 def test_run_records_telemetry_and_upload_resumes_and_deletes_only_after_confirmation(mlflow_server, tmp_path):
     root = active_store(tmp_path, period_s=0.005, io=COMMAND_IO)  # inputs d and e are commands
     proc, address = start(root, "--listen", "udp://127.0.0.1:0", "--telemetry", "--telemetry-rows", "10",
-                          "--device-id", "dev-1")
+                          "--device-id", "dev-1", "--watchdog-periods", "100000")  # a loaded host's pause: no new episode
     client = Client(address, tmp_path)
     spread = np.array([0.01, -0.01, 0.0, 0.03, -0.03], np.float32)  # sums to 0: the action stays 0.5 * 5 * i / 100
     sent = np.arange(25, dtype=np.float32)[:, None] / 100 + spread

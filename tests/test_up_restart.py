@@ -33,9 +33,22 @@ def start_up(home: Path, log: Path, mlflow_port: int, *options: str) -> subproce
 
 def server_group(home: Path, server: str = "mlflow") -> int:
     """The pid (and process group) of the workspace's `python -m mlflow server` or `python -m prefect server`."""
-    (pid,) = [pid for pid in marked(home) if os.getpgid(pid) == pid
-              and f"{server}\0server".encode() in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    (pid,) = [pid for pid in marked(home) if leads_group(pid) and f"{server}\0server".encode() in cmdline(pid)]
     return pid
+
+
+def leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:  # exited since it was listed
+        return False
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""
 
 
 def wait_for(predicate, timeout_s: float, what: str) -> None:
