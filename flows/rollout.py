@@ -19,6 +19,7 @@ from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, ConfigDict, Field
 
 from edge.store import write_atomic
+from flows.artifact_keys import artifact_key
 from registry.rollout import RolloutConfig, RolloutState, control, judge, plan, start
 
 
@@ -85,8 +86,7 @@ def show(state: RolloutState) -> None:
              "succeeded": r.succeeded, "failed": r.failed, "timed out": r.timed_out,
              "failed devices": ", ".join(r.failed_devices), "reason": r.reason}
             for r in state.rings]
-    key = "rollout-" + "".join(c if c.isalnum() else "-" for c in state.config.policy.lower())
-    create_table_artifact(key=key, table=rows, description=f"{state.config.policy} v{state.config.version}: "
+    create_table_artifact(key=artifact_key("rollout", state.config.policy), table=rows, description=f"{state.config.policy} v{state.config.version}: "
                                                            f"{state.status} {state.reason}".strip())
 
 

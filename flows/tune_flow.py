@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.artifact_keys import artifact_key
 from flows.run_config import resolve
 from flows.runners import task_runner
 from flows.tune_log import MlflowTrials
@@ -118,7 +119,7 @@ def tune(params: TuneParams = TuneParams()) -> TuneSummary:
         finish_pipeline(ctx, False)
         raise
     finish_pipeline(ctx, True)
-    create_table_artifact(key=f"tune-{name.lower()}", table=trial_rows(result),
+    create_table_artifact(key=artifact_key("tune", name), table=trial_rows(result),
                           description=f"best: trial {result.best_number}, eval return {result.best_value:.4g}; "
                                       f"sim2edge run --config {path}")
     return TuneSummary(result=result, preset=str(path), mlflow_run_id=ctx.parent_run_id, tracking_uri=ctx.tracking_uri)

@@ -134,3 +134,14 @@ def test_cli_logs_one_mlflow_run_per_trial_and_tags_the_best(prefect_harness, tm
     assert len(trials) == 2 and len(best) == 1 and parent.info.status == "FINISHED"
     assert best[0].info.run_name == f"trial-{parent.data.tags['sim2edge.best_trial']}"
     assert best[0].data.metrics["score"] == parent.data.metrics["best_eval_return"]
+
+
+@pytest.mark.parametrize("name", ["pusher_reach", "examples.gym_pusher:PusherReach", "Arm 6 (v2)"])
+def test_artifact_keys_from_any_task_name_are_keys_prefect_takes(name):
+    """`sim2edge tune` of `pusher_reach` failed after its last trial: Prefect refuses an underscore in a key."""
+    from prefect.artifacts import TableArtifact
+
+    from flows.artifact_keys import artifact_key
+
+    key = artifact_key("tune", name)
+    assert TableArtifact(key=key, table=[]).key == key and key.startswith("tune-") and "--" not in key
