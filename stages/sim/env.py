@@ -302,6 +302,8 @@ class BatchedEnv:
         computed from a finite physics state and finite actions, naming the term, the env and its episode
         step. An unstable simulation (a non-finite state) is not the task's fault: it terminates its episode
         instead; nor is a non-finite action (a diverged policy: training reports that itself)."""
+        if np.isfinite(values).all():  # the common case, without the per-env state and action checks
+            return
         finite = np.all(np.isfinite(self.state[envs]), axis=1) & np.all(np.isfinite(self._action_queue[:, envs]),
                                                                          axis=(0, 2))
         bad = ~np.isfinite(values) & (finite[:, None] if values.ndim == 2 else finite)
