@@ -22,6 +22,8 @@ class StandinConfig(BaseModel):
     episodes: int = Field(16, ge=1, description="Episodes to record (each the task's episode length).")
     seed: int = Field(0, description="Seed of the excitation and the stand-in's noise.")
     smoothing: float = Field(0.8, ge=0, lt=1, description="AR(1) coefficient of the random excitation.")
+    amplitude: float | None = Field(None, gt=0, description="Std of the excitation before its ±1 clip, in normalized "
+                                    "action units; None: the task's ``excitation_scale``.")
 
 
 def new_files(folder: Path, since_ns: int) -> tuple[list[Path], int]:
@@ -78,5 +80,6 @@ def record_standin(store: DatasetStore, cfg: StandinConfig, incoming: Path) -> I
     task = store.task
     robot = standin.robot_id(task.name)
     record(task, standin.hidden_params(task.name), cfg.episodes, cfg.seed,
-           incoming / f"{robot.replace(':', '-')}-seed{cfg.seed}-{cfg.episodes}ep.parquet", robot, cfg.smoothing)
+           incoming / f"{robot.replace(':', '-')}-seed{cfg.seed}-{cfg.episodes}ep.parquet", robot, cfg.smoothing,
+           amplitude=cfg.amplitude)
     return ingest_folder(store, incoming)

@@ -16,19 +16,24 @@ from stages.sim.params import PhysicalParams
 from stages.sim.task import Task
 
 
-def excitation(rng: np.random.Generator, steps: int, n: int, nu: int, smoothing: float) -> np.ndarray:
-    """Smooth random actions in [-1, 1]: an AR(1) process, (steps, n, nu)."""
+def excitation(rng: np.random.Generator, steps: int, n: int, nu: int, smoothing: float,
+               scale: float = 1.0) -> np.ndarray:
+    """Smooth random actions in [-1, 1]: an AR(1) process of std ``scale``, clipped, (steps, n, nu)."""
     out = np.zeros((steps, n, nu), dtype=np.float32)
     a = np.zeros((n, nu))
     for t in range(steps):
         a = smoothing * a + np.sqrt(1 - smoothing**2) * rng.standard_normal((n, nu))
-        out[t] = np.clip(a, -1, 1)
+        out[t] = np.clip(scale * a, -1, 1)
     return out
 
 
 def record(task: Task, params: PhysicalParams, episodes: int, seed: int, out: Path, device_id: str,
-           smoothing: float = 0.8, policy: Path | None = None, policy_version: str = "excitation") -> Path:
+           smoothing: float = 0.8, policy: Path | None = None, policy_version: str = "excitation",
+           amplitude: float | None = None) -> Path:
     """Roll out ``episodes`` episodes (all in parallel) and write them as one log file ``out``.
+
+    Without a ``policy`` the actions are random ``excitation`` of std ``amplitude`` (default: the task's
+    ``excitation_scale``).
 
     The measured joint state carries the same sensor noise (``params.obs_noise``) as the
     observations; ``ctrl`` is what was commanded, before the robot's actuation latency.
@@ -37,7 +42,8 @@ def record(task: Task, params: PhysicalParams, episodes: int, seed: int, out: Pa
     rng = np.random.default_rng(seed + 1)
     steps = task.episode_steps
     runtime = OnnxRuntime(policy) if policy else None
-    actions = None if runtime else excitation(rng, steps, episodes, task.act_dim, smoothing)
+    actions = None if runtime else excitation(rng, steps, episodes, task.act_dim, smoothing,
+                                                   task.excitation_scale if amplitude is None else amplitude)
     rec: dict[str, list[np.ndarray]] = {k: [] for k in ("obs", "act", "ctrl", "qpos", "qvel", "inference_ms")}
     obs = env.observe()
     for t in range(steps):

@@ -91,6 +91,10 @@ class Task:
     """Calibration's default Savitzky-Golay window over the logged states a replay starts from (1: raw). Contact-rich
     robots want 5: sensor noise in body height moves their contacts and biases the fit (``stages.twin.replay``);
     fast joints want 1: a quadratic over 5 samples misses their velocity changes."""
+    excitation_scale: float = 1.0
+    """Std of the stand-in's random excitation before its ±1 clip, in normalized action units
+    (``collect.rollouts.excitation``): below 1 it keeps actuators off their force limits, where a gain does not act,
+    so calibration can identify the gains."""
     action_history: bool = False
     """``observe(qpos, qvel, last_action)`` gets the policy action just applied and ``reward(qpos, qvel, action,
     last_action)`` the one before it (zeros after a reset); the environment keeps them."""
