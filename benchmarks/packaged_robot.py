@@ -23,7 +23,6 @@ Run: ``PYTHONPATH=. .venv/bin/python benchmarks/packaged_robot.py [--minutes 10]
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import tempfile
 import time
@@ -36,9 +35,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
+from benchmarks.curve import Curve  # noqa: E402
 from stages.sim.env import BatchedEnv  # noqa: E402
 from stages.sim.registry import load  # noqa: E402
-from stages.train import TrainConfig, train  # noqa: E402
+from stages.train import TrainConfig, first_episodes, train  # noqa: E402
 
 ROBOT = "examples.gym_pusher:PusherReach"
 TARGET_SUCCESS = 0.9
@@ -53,44 +53,12 @@ Policy = Callable[[np.ndarray], np.ndarray]
 
 def evaluate(policy: Policy) -> tuple[float, float]:
     """(success rate, mean return) of the same ``EPISODES`` seeded episodes, each one's first episode."""
-    task = load(ROBOT)
-    env = BatchedEnv(task, EPISODES, seed=EVAL_SEED, nthread=2)
-    obs, returns, success = env.observe(), np.full(EPISODES, np.nan), np.zeros(EPISODES, bool)
-    while np.isnan(returns).any():
-        r = env.step(np.clip(policy(obs), -1.0, 1.0).astype(np.float32))
-        finished = np.flatnonzero(r.done)
-        fresh = np.isnan(returns[finished])
-        returns[finished[fresh]] = r.finished_returns[fresh]
-        success[finished[fresh]] = r.finished_success[fresh]
-        obs = r.obs
+    returns, success = first_episodes(BatchedEnv(load(ROBOT), EPISODES, seed=EVAL_SEED, nthread=2), policy)
     return float(success.mean()), float(returns.mean())
 
 
-class Curve:
-    """Training seconds (evaluations excluded), env steps, success and return at each evaluation."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.rows = path, []
-        self.start, self.eval_s = time.perf_counter(), 0.0
-
-    def train_s(self) -> float:
-        return time.perf_counter() - self.start - self.eval_s
-
-    def evaluate(self, env_steps: int, policy: Policy) -> float:
-        t, start = self.train_s(), time.perf_counter()
-        success, mean_return = evaluate(policy)
-        self.eval_s += time.perf_counter() - start
-        self.rows.append((t, env_steps, success, mean_return))
-        with self.path.open("w", newline="") as f:
-            csv.writer(f).writerows([("train_s", "env_steps", "success", "mean_return"), *self.rows])
-        return success
-
-    @property
-    def reached(self) -> float | None:
-        return next((t for t, _, s, _ in self.rows if s >= TARGET_SUCCESS), None)
-
-    def shown(self) -> str:
-        return f"{self.reached:.0f}" if self.reached is not None else f">{self.rows[-1][0]:.0f}"
+def reached_target(row: tuple) -> bool:
+    return row[2] >= TARGET_SUCCESS
 
 
 def sim2edge(budget_s: float, out: Path) -> Curve:
@@ -99,14 +67,14 @@ def sim2edge(budget_s: float, out: Path) -> Curve:
     defaults = TrainConfig()
     cfg = TrainConfig(task=ROBOT, iterations=100_000, minutes=budget_s / 60, eval_every=SIM2EDGE_EVAL_EVERY,
                       target_return=TARGET_SUCCESS)
-    curve = Curve(out / "sim2edge.csv")
+    curve = Curve(out / "sim2edge.csv", ("success", "mean_return"), reached_target)
     steps_per_iteration = defaults.num_envs * defaults.steps_per_env
 
     def evaluate_actor(actor, *_) -> float:
         def policy(obs: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
                 return actor(TensorDict({"policy": torch.from_numpy(obs)}, batch_size=[len(obs)])).numpy()
-        return curve.evaluate(steps_per_iteration * SIM2EDGE_EVAL_EVERY * (len(curve.rows) + 1), policy)
+        return curve.evaluate(steps_per_iteration * SIM2EDGE_EVAL_EVERY * (len(curve.rows) + 1), lambda: evaluate(policy))[0]
 
     with tempfile.TemporaryDirectory() as tmp:
         curve.start = time.perf_counter()
@@ -121,13 +89,14 @@ def stable_baselines3(budget_s: float, out: Path) -> Curve:
 
     from stages.sim.gym_env import TaskEnv
 
-    curve = Curve(out / "sb3.csv")
+    curve = Curve(out / "sb3.csv", ("success", "mean_return"), reached_target)
 
     class Evaluate(BaseCallback):
         def _on_step(self) -> bool:
             if self.num_timesteps % SB3_EVAL_EVERY:
                 return True
-            success = curve.evaluate(self.num_timesteps, lambda obs: self.model.predict(obs, deterministic=True)[0])
+            success, _ = curve.evaluate(self.num_timesteps, lambda: evaluate(
+                lambda obs: self.model.predict(obs, deterministic=True)[0]))
             return success < TARGET_SUCCESS and curve.train_s() < budget_s
 
     env = make_vec_env(lambda: TaskEnv(ROBOT), n_envs=8, seed=0)
@@ -156,9 +125,8 @@ def main() -> None:
         t, steps, success, mean_return = c.rows[-1]
         print(f"  {name:22s} {c.shown():>11s} {steps:10,d} {success:8.2f} {mean_return:8.2f}")
     s, b = curves["sim2edge (defaults)"], curves["SB3 PPO (defaults)"]
-    if s.reached is not None:
-        ratio = (b.reached if b.reached is not None else b.rows[-1][0]) / s.reached
-        print(f"  SB3 / sim2edge time to target: {'' if b.reached is not None else '>'}{ratio:.1f}x")
+    if s.crossed:
+        print(f"  SB3 / sim2edge time to target: {'' if b.crossed else '>'}{b.reached[0] / s.reached[0]:.1f}x")
 
 
 if __name__ == "__main__":

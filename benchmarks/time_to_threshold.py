@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import csv
 import functools
 import os
 import subprocess
@@ -55,6 +54,7 @@ from mujoco import rollout  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
 import stages.train  # noqa: E402
+from benchmarks.curve import Curve  # noqa: E402
 from stages.sim.env import STATE_SPEC  # noqa: E402
 from stages.sim.params import PhysicalParams  # noqa: E402
 from stages.sim.registry import load  # noqa: E402
@@ -70,6 +70,10 @@ SIM2EDGE = dict(task="reacher", iterations=1000, num_envs=64, steps_per_env=50, 
                 target_return=THRESHOLD)
 RL_ZOO_REACHER = dict(batch_size=32, n_steps=512, gamma=0.9, learning_rate=0.000104019, ent_coef=7.52585e-08,
                       clip_range=0.3, n_epochs=5, gae_lambda=1.0, max_grad_norm=0.9, vf_coef=0.950368)
+
+
+def crossed_threshold(row: tuple) -> bool:
+    return row[2] >= THRESHOLD
 
 
 class Evaluator:
@@ -90,40 +94,11 @@ class Evaluator:
         return float(total.mean())
 
 
-class Curve:
-    """Training seconds (evaluations excluded), env steps and return of each evaluation; the crossing."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.rows = path, []
-        self.start, self.eval_s = time.perf_counter(), 0.0
-
-    def train_s(self) -> float:
-        return time.perf_counter() - self.start - self.eval_s
-
-    def add(self, train_s: float, env_steps: int, eval_return: float) -> None:
-        self.rows.append((train_s, env_steps, eval_return))
-        with self.path.open("w", newline="") as f:
-            csv.writer(f).writerows([("train_s", "env_steps", "eval_return"), *self.rows])
-
-    @property
-    def crossed(self) -> tuple[float, int] | None:
-        """(training seconds, env steps) at the first evaluation at or above the threshold."""
-        return next(((t, n) for t, n, r in self.rows if r >= THRESHOLD), None)
-
-    @property
-    def reached(self) -> tuple[float, int]:
-        """(training seconds, env steps) at the crossing, or at the last evaluation without one."""
-        return self.crossed or (self.rows[-1][:2] if self.rows else (self.train_s(), 0))
-
-    def shown(self) -> str:
-        return f"{'' if self.crossed else '>'}{self.reached[0]:.1f}"
-
-
 def sim2edge(seed: int, budget_s: float, evaluator: Evaluator, out: Path) -> Curve:
     """Train until the threshold or ``budget_s`` training seconds; train's own evaluation hook (its time
     reported as ``eval_time_s`` and subtracted) runs the shared evaluator."""
     task = load("reacher")
-    curve = Curve(out / f"sim2edge_seed{seed}.csv")
+    curve = Curve(out / f"sim2edge_seed{seed}.csv", ("eval_return",), crossed_threshold)
 
     def evaluate(actor, *_) -> float:
         def policy(obs: np.ndarray) -> np.ndarray:
@@ -156,17 +131,15 @@ def stable_baselines3(seed: int, budget_s: float, evaluator: Evaluator, out: Pat
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import VecNormalize
 
-    curve = Curve(out / f"sb3_seed{seed}.csv")
+    curve = Curve(out / f"sb3_seed{seed}.csv", ("eval_return",), crossed_threshold)
 
     class Evaluate(BaseCallback):
         def _on_step(self) -> bool:
             if self.num_timesteps % SB3_EVAL_EVERY:
                 return True
-            t, start = curve.train_s(), time.perf_counter()
             env = self.model.get_env()
-            r = evaluator(lambda obs: self.model.predict(env.normalize_obs(obs), deterministic=True)[0])
-            curve.eval_s += time.perf_counter() - start
-            curve.add(t, self.num_timesteps, r)
+            (r,) = curve.evaluate(self.num_timesteps, lambda: (
+                evaluator(lambda obs: self.model.predict(env.normalize_obs(obs), deterministic=True)[0]),))
             return r < THRESHOLD and curve.train_s() < budget_s
 
     curve.start = time.perf_counter()

@@ -218,21 +218,31 @@ EVAL_SEED = 7_000_000
 """Seed of the deterministic evaluation's initial states (disjoint from training seeds)."""
 
 
+def first_episodes(env: BatchedEnv, policy: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(return, success) of each environment's first episode under ``policy``: (N, obs) → (N, act), clipped to
+    [-1, 1]."""
+    obs, returns, success = env.observe(), np.full(env.num_envs, np.nan), np.zeros(env.num_envs, bool)
+    while np.isnan(returns).any():
+        r = env.step(np.clip(policy(obs), -1.0, 1.0))
+        finished = np.flatnonzero(r.done)
+        fresh = np.isnan(returns[finished])
+        returns[finished[fresh]] = r.finished_returns[fresh]
+        success[finished[fresh]] = r.finished_success[fresh]
+        obs = r.obs
+    return returns, success
+
+
 def deterministic_return(actor: torch.nn.Module, task: Task, twin: PhysicalParams, episodes: int, nthread: int) -> float:
     """Mean return of ``episodes`` seeded episodes (the same ones every call) with the deterministic action."""
-    env = BatchedEnv(task, episodes, params=twin, seed=EVAL_SEED, nthread=nthread)
-    obs, first = env.observe(), np.full(episodes, np.nan)
     device = next(actor.parameters()).device
-    with torch.inference_mode():
-        while np.isnan(first).any():
-            action = actor(TensorDict({"policy": torch.from_numpy(obs).to(device)}, batch_size=[env.num_envs],
-                                      device=device))
-            r = env.step(action.clamp(-1.0, 1.0).cpu().numpy())
-            finished = np.flatnonzero(r.done)
-            fresh = np.isnan(first[finished])
-            first[finished[fresh]] = r.finished_returns[fresh]
-            obs = r.obs
-    return float(first.mean())
+
+    def policy(obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return actor(TensorDict({"policy": torch.from_numpy(obs).to(device)}, batch_size=[len(obs)],
+                                    device=device)).cpu().numpy()
+
+    returns, _ = first_episodes(BatchedEnv(task, episodes, params=twin, seed=EVAL_SEED, nthread=nthread), policy)
+    return float(returns.mean())
 
 
 @dataclass(frozen=True)

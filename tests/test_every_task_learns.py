@@ -17,7 +17,7 @@ from tensordict import TensorDict
 
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
-from stages.train import TrainConfig, load_actor, train
+from stages.train import TrainConfig, first_episodes, load_actor, train
 
 EPISODES = 32
 # task: (iterations, num_envs, steps_per_env, hidden, margin as a fraction of the random policy's |mean return|)
@@ -33,15 +33,7 @@ SLOW = {"arm6", "quadruped"}
 
 def episode_returns(task, act) -> np.ndarray:
     """(EPISODES,) the returns of the same seeded episodes in the nominal model under ``act(obs) -> action``."""
-    env = BatchedEnv(task, EPISODES, params=task.nominal_params(), seed=123)
-    obs, returns = env.observe(), np.full(EPISODES, np.nan)
-    while np.isnan(returns).any():
-        r = env.step(act(obs))
-        finished = np.flatnonzero(r.done)
-        fresh = np.isnan(returns[finished])
-        returns[finished[fresh]] = r.finished_returns[fresh]
-        obs = r.obs
-    return returns
+    return first_episodes(BatchedEnv(task, EPISODES, params=task.nominal_params(), seed=123), act)[0]
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in BUDGETS])
