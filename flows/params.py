@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from edge.targets import load_target
 from stages.sim.disturbance import Disturbance
+from stages.sim.params import Randomization
 from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
 from stages.twin.calibration_config import CalibrateConfig, SensorWeight, SmoothingWindow
@@ -29,6 +30,9 @@ class TrainSettings(BaseModel):
     desired_kl: float = Field(0.01, gt=0, description="Target KL of the adaptive learning-rate schedule.")
     minutes: Optional[float] = Field(None, gt=0, description="Wall-clock training budget per seed; `iterations` stays "
                                                              "the cap.")
+    randomization: Optional[Randomization] = Field(None, description="Randomization ranges in place of the task's, "
+                                                   "still widened to the twin's intervals (e.g. `latency_steps: 1` to "
+                                                   "ride out one more step of delay). None: the task's.")
     disturbance: Disturbance = Field(
         default_factory=lambda: Disturbance(init_spread=2.0),
         description="Disturbances during training. The default doubles the initial-state spread, as the suites' "

@@ -91,6 +91,15 @@ def target_problems(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str
     return []
 
 
+def over_task_ranges(data: dict, task_ranges: Mapping[str, Any]) -> dict:
+    """``data`` with its ``train.randomization`` mapping completed by the task's own ranges, so that setting
+    ``latency_steps`` alone keeps the task's damping, gain and mass ranges (and the resolved file says them all)."""
+    train = data.get("train")
+    if not isinstance(train, Mapping) or not isinstance(train.get("randomization"), Mapping):
+        return data
+    return merge(data, {"train": {"randomization": merge(task_ranges, train["randomization"])}})
+
+
 def resolve(task: Optional[str], config: Optional[Path], sets: Sequence[str], options: Mapping[str, Any]) -> SimToEdgeParams:
     """The validated parameters of a run (see the module docstring for the order of layers)."""
     from stages.sim.registry import load
@@ -100,12 +109,13 @@ def resolve(task: Optional[str], config: Optional[Path], sets: Sequence[str], op
     layers.append(("the command line", {k: v for k, v in options.items() if v is not None}))
     chosen = task or next((layer["task"] for _, layer in reversed(layers) if "task" in layer), "cartpole")
     try:
-        preset = load(chosen).preset_path
+        task_object = load(chosen)
+        preset = task_object.preset_path
     except (KeyError, ImportError, AttributeError, ValueError) as e:
         raise RunConfigError("; ".join([f"task: {str(e).strip(chr(34))}"] + target_problems(layers))) from None
     data: dict = {}
     for name, layer in ([(str(preset), read_yaml(preset))] if preset else []) + layers:
-        data = merge(data, layer)
+        data = over_task_ranges(merge(data, layer), task_object.randomization.model_dump())
         try:
             SimToEdgeParams.model_validate({**data, "task": chosen})  # cross-key checks see the run's task
         except ValidationError as e:

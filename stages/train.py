@@ -28,7 +28,7 @@ from edge.bundle import sha256_path
 from stages.artifacts import Checkpoint, atomic_dir
 from stages.sim.disturbance import Disturbance
 from stages.sim.env import BatchedEnv, NonFiniteTerm
-from stages.sim.params import PhysicalParams
+from stages.sim.params import PhysicalParams, Randomization
 from stages.sim.registry import load
 from stages.sim.task import Task
 
@@ -64,6 +64,10 @@ class TrainConfig(BaseModel):
     checkpoint_every: int = Field(0, ge=0, description="Also write the checkpoint every N iterations (0: at the end).")
     disturbance: Disturbance = Field(default_factory=Disturbance, description="Pushes, sensor bias and initial-state "
                                      "spread during training (e.g. base pushes for a legged robot); none by default.")
+    randomization: Optional[Randomization] = Field(None, description="Training's randomization ranges in place of "
+                                                   "the task's (``Task.randomization``), e.g. ``latency_steps: 1`` "
+                                                   "for a policy that must ride out one more step of delay; still "
+                                                   "widened to ``twin_intervals``. None: the task's.")
     twin_intervals: dict[str, tuple[float, float]] = Field(default_factory=dict, description="The twin's 95% "
                                                            "intervals (``TwinSpec.intervals``' keys): training "
                                                            "randomizes over each, widened by the task's own ranges "
@@ -210,7 +214,8 @@ def torch_threads(n: int) -> Iterator[None]:
 
 def make_env(cfg: TrainConfig, task: Task, twin: PhysicalParams) -> BatchedEnv:
     """The training environments: ``cfg.num_envs`` seeded copies of ``task`` randomized around ``twin``."""
-    return BatchedEnv(task, cfg.num_envs, params=twin, randomization=task.randomization.around(twin, cfg.twin_intervals),
+    ranges = cfg.randomization or task.randomization
+    return BatchedEnv(task, cfg.num_envs, params=twin, randomization=ranges.around(twin, cfg.twin_intervals),
                       seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance, backend=cfg.backend)
 
 

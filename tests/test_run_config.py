@@ -11,9 +11,9 @@ import yaml
 
 from flows.params import SimToEdgeParams, TrainSettings
 from flows.run_config import RunConfigError, resolve
-from stages.sim.params import PhysicalParams
+from stages.sim.params import PhysicalParams, Randomization
 from stages.sim.registry import load
-from stages.train import TrainConfig, train
+from stages.train import TrainConfig, make_env, train
 from stages.twin.stats import wilson
 from tests.conftest import run_cli
 
@@ -46,7 +46,7 @@ def test_a_sensor_in_the_file_is_checked_against_the_task_the_command_line_names
 @pytest.mark.parametrize("text,sets,message", [
     ("train:\n  learnin_rate: 1\n", [], r"run.yaml: train.learnin_rate: not a key here; allowed: steps_per_env, "
                                         r"hidden_dims, learning_rate, entropy_coef, gamma, gae_lambda, init_noise_std, "
-                                        r"desired_kl, minutes, disturbance$"),
+                                        r"desired_kl, minutes, randomization, disturbance$"),
     ("iterations: 0\n", [], r"run.yaml: iterations: Input should be greater than or equal to 1 \(got 0\)$"),
     ("target: orin-nano\n", [], r"run.yaml: target: .*orin-nano"),
     ("- a\n- b\n", [], r"run.yaml: a run configuration is a mapping of keys, got list$"),
@@ -93,6 +93,17 @@ def test_train_settings_reach_the_training_config():
     assert set(TrainSettings.model_fields) <= set(TrainConfig.model_fields)
 
 
+def test_randomization_set_in_a_run_configuration_trains_over_it_keeping_the_tasks_other_ranges():
+    task = load("arm6")
+    p = resolve("arm6", None, ["train.randomization.latency_steps=2", "train.randomization.damping=0.3"], {})
+    assert p.train.randomization.latency_steps == 2 and p.train.randomization.damping == 0.3
+    assert p.train.randomization.mass == task.randomization.mass != Randomization().mass  # the task's, not a default
+    cfg = TrainConfig(task="arm6", num_envs=32, **p.train.model_dump())
+    twin = PhysicalParams(latency_steps=1)
+    assert set(make_env(cfg, task, twin).latency) == {1, 2, 3}  # the twin's delay plus 0, 1 or 2 steps
+    assert set(make_env(cfg.model_copy(update={"randomization": None}), task, twin).latency) == {1}  # the task's
+
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 NOT_RUN_CONFIGS = {"rosbag_mapping.yaml"}  # a topic mapping for `sim2edge collect --source rosbag`
 
@@ -127,6 +138,7 @@ def test_the_example_run_configurations_carry_what_made_each_task_learn():
     assert p.task == "cartpole" and p.iterations == 120 and p.train.hidden_dims == (64, 64)
     arm6 = resolve(None, EXAMPLES / "arm6.yaml", [], {})
     assert (arm6.iterations, arm6.num_envs, arm6.train.hidden_dims) == (1500, 128, (128, 128))
+    assert arm6.train.randomization.latency_steps == 1  # the suite's latency+1 scenario is in training's ranges
     assert arm6.eval_episodes == 64  # the nominal floor is the 90%: 58/64 (91%) passes it, 57/64 (89%) not
     assert wilson(57, 64)[0] < arm6.gate.min_success_rate <= wilson(58, 64)[0]
     quad = resolve(None, EXAMPLES / "quadruped.yaml", ["train.minutes=20"], {})
