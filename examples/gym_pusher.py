@@ -84,12 +84,35 @@ class PusherReach(Task):
         qpos[:, self.arm_qpos] = np.clip(qpos[:, self.arm_qpos] + rng.uniform(-0.1, 0.1, (n, len(JOINTS))), low, high)
         return qpos, np.zeros((n, self.model.nv))
 
+    @cached_property
+    def arm_geoms(self) -> np.ndarray:
+        """The geoms of the arm's bodies (every body from the shoulder down)."""
+        arm = {self.model.joint(j).bodyid[0] for j in self.replayed_joints}
+        arm |= {b for b in range(self.model.nbody) if self.model.body_parentid[b] in arm}
+        return np.flatnonzero(np.isin(self.model.geom_bodyid, list(arm)))
+
+    def touches(self, data: mujoco.MjData, qpos: np.ndarray) -> bool:
+        """Whether the arm at ``qpos`` (one configuration, set in ``data``) is in contact with anything (the table,
+        the puck)."""
+        data.qpos[:] = qpos
+        mujoco.mj_kinematics(self.model, data)
+        mujoco.mj_collision(self.model, data)
+        return bool(np.isin(data.contact.geom[:data.ncon], self.arm_geoms).any())
+
     def sample_commands(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """Targets: the fingertip at joint angles ~ U(joint ranges), so each one is reachable."""
+        """Targets: the fingertip at :meth:`reachable_configurations`, so each one is reachable."""
+        return self.fingertip(self.reachable_configurations(rng, n)).astype(np.float32)
+
+    def reachable_configurations(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """(n, nq) qpos0 with the arm's joints ~ U(joint ranges) where the arm touches nothing (about a third of the
+        uniform draws put the wrist into the table: a fingertip position there cannot be reached)."""
         low, high = self.model.jnt_range[[self.model.joint(j).id for j in self.replayed_joints]].T
         qpos = np.tile(self.model.qpos0, (n, 1))
-        qpos[:, self.arm_qpos] = rng.uniform(low, high, (n, len(JOINTS)))
-        return self.fingertip(qpos).astype(np.float32)
+        todo, probe = np.arange(n), mujoco.MjData(self.model)  # a new one per call: threads share the task
+        while todo.size:
+            qpos[np.ix_(todo, self.arm_qpos)] = rng.uniform(low, high, (todo.size, len(JOINTS)))
+            todo = todo[[self.touches(probe, q) for q in qpos[todo]]]
+        return qpos
 
     def distance(self, qpos: np.ndarray, command: np.ndarray) -> np.ndarray:
         return np.linalg.norm(self.fingertip(qpos) - command, axis=1)

@@ -48,6 +48,29 @@ def test_loading_leaves_the_installed_files_byte_for_byte():
     assert {f: hashlib.sha256((GYM_ASSETS / f).read_bytes()).hexdigest() for f in before} == before
 
 
+def test_every_pusher_target_is_reachable_by_a_joint_space_controller_within_an_episode():
+    """A third of uniform joint draws put the wrist into the table; targets there capped any policy near 0.8."""
+    task = load("examples.gym_pusher:PusherReach")
+    m, rng = task.model, np.random.default_rng(3)
+    ids = [m.joint(j).id for j in task.replayed_joints]
+    uniform = np.tile(m.qpos0, (200, 1))
+    uniform[:, task.arm_qpos] = rng.uniform(*m.jnt_range[ids].T, (200, len(ids)))
+    probe = mujoco.MjData(m)
+    assert np.mean([task.touches(probe, q) for q in uniform]) > 0.2  # why targets are not drawn so
+    goals = task.reachable_configurations(rng, 40)
+    assert not any(task.touches(probe, q) for q in goals)
+    starts, _ = task.initial_state(rng, 40)
+    reached = []
+    for start, goal in zip(starts, goals):  # PD on the joints to the configuration that made the target
+        d = mujoco.MjData(m)
+        d.qpos[:] = start
+        for _ in range(task.episode_steps * task.decimation):
+            d.ctrl[:] = np.clip(50 * (goal[task.arm_qpos] - d.qpos[task.arm_qpos]) - 5 * d.qvel[task.arm_qvel], -2, 2)
+            mujoco.mj_step(m, d)
+        reached.append(task.distance(d.qpos[None], task.fingertip(goal[None]))[0] < task.success_distance)
+    assert np.mean(reached) == 1.0
+
+
 def test_pusher_mocap_target_follows_the_command_and_the_tip_sensor_matches_the_kinematics():
     task = load("examples.gym_pusher:PusherReach")
     env = BatchedEnv(task, 3, seed=1)
