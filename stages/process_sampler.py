@@ -67,10 +67,7 @@ def _child(conn: Connection, cfg: TrainConfig, task: Task, twin: PhysicalParams,
                 for k, v in rollout.items():
                     shared[k].copy_(v)
             acting.storage.clear()
-            conn.send(("done", seconds, shared if fresh else None,
-                       (vec_env.finished_returns, vec_env.finished_success, vec_env.finished_lengths)))
-            for finished in (vec_env.finished_returns, vec_env.finished_success, vec_env.finished_lengths):
-                finished.clear()
+            conn.send(("done", seconds, shared if fresh else None, vec_env.finished.take()))
     except EOFError:  # the learner is gone
         pass
     except BaseException as e:  # noqa: BLE001 -- every failure goes back to the learner, by name
@@ -130,9 +127,7 @@ class ProcessSampler(Sampler):
         for k, v in _tensors(storage).items():
             v.copy_(self.shared[k])
         storage.step = storage.num_transitions_per_env
-        for mine, theirs in zip((self.vec_env.finished_returns, self.vec_env.finished_success,
-                                 self.vec_env.finished_lengths), finished):
-            mine.extend(theirs)
+        self.vec_env.finished.add(finished)
         return Collected(seconds)
 
     @contextlib.contextmanager

@@ -13,7 +13,7 @@ import copy
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Literal, Optional
 
@@ -105,6 +105,26 @@ class NonFiniteTraining(RuntimeError):
     """Training produced NaN/Inf; the last good checkpoint (before the failing iteration) is written."""
 
 
+@dataclass
+class FinishedEpisodes:
+    """The episodes that ended since the last :meth:`take`: each one's return, success and length."""
+
+    returns: list[float] = field(default_factory=list)
+    success: list[bool] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+    def add(self, more: FinishedEpisodes) -> None:
+        self.returns += more.returns
+        self.success += more.success
+        self.lengths += more.lengths
+
+    def take(self) -> FinishedEpisodes:
+        """These episodes, leaving none."""
+        taken = FinishedEpisodes(self.returns, self.success, self.lengths)
+        self.returns, self.success, self.lengths = [], [], []
+        return taken
+
+
 class RslRlEnv(VecEnv):
     """rsl_rl's VecEnv interface over :class:`BatchedEnv` (numpy in, torch out on ``device``)."""
 
@@ -118,9 +138,7 @@ class RslRlEnv(VecEnv):
         self.cfg = {"task": env.task.name}
         self._obs = env.observe()
         self._privileged = env.privileged() if env.task.privileged else None
-        self.finished_returns: list[float] = []
-        self.finished_success: list[bool] = []
-        self.finished_lengths: list[int] = []
+        self.finished = FinishedEpisodes()
 
     def snapshot(self) -> dict:
         return {"env": self.env.snapshot(), "obs": self._obs.copy()}
@@ -146,9 +164,8 @@ class RslRlEnv(VecEnv):
         self._obs = r.obs
         if self._privileged is not None:
             self._privileged = self.env.privileged()
-        self.finished_returns.extend(r.finished_returns.tolist())
-        self.finished_success.extend(r.finished_success.tolist())
-        self.finished_lengths.extend(r.finished_lengths.tolist())
+        self.finished.add(FinishedEpisodes(r.finished_returns.tolist(), r.finished_success.tolist(),
+                                           r.finished_lengths.tolist()))
         self.episode_length_buf = self._tensor(self.env.episode_step)
         dones = self._tensor(r.terminated | r.truncated).long()
         extras = {"time_outs": self._tensor(r.truncated).float()}
@@ -402,14 +419,14 @@ def train(
                     ckpt = save_checkpoint(good, it, cfg, out_dir, last_return)
                     raise NonFiniteTraining(f"iteration {it}: training diverged (NaN/Inf in {', '.join(losses)}); the "
                                             f"last good checkpoint (after {it} iterations) is {ckpt.path}")
-                if vec_env.finished_returns:
-                    last_return = float(np.mean(vec_env.finished_returns))
+                done = vec_env.finished.take()
+                if done.returns:
+                    last_return = float(np.mean(done.returns))
                 metrics = {
                     "mean_return": last_return,
-                    "success_rate": float(np.mean(vec_env.finished_success)) if vec_env.finished_success else 0.0,
-                    "episodes": float(len(vec_env.finished_returns)),
-                    "mean_episode_length": (float(np.mean(vec_env.finished_lengths)) if vec_env.finished_lengths
-                                            else math.nan),
+                    "success_rate": float(np.mean(done.success)) if done.success else 0.0,
+                    "episodes": float(len(done.returns)),
+                    "mean_episode_length": float(np.mean(done.lengths)) if done.lengths else math.nan,
                     "env_steps_per_s": cfg.num_envs * cfg.steps_per_env / collect.seconds,
                     "collect_time_s": collect.seconds,
                     "iteration_time_s": time.perf_counter() - start,
@@ -417,9 +434,6 @@ def train(
                     "sample_time_share": collect.seconds / (collect.seconds + update),
                     **{f"loss_{k}": float(v) for k, v in losses.items()},
                 }
-                vec_env.finished_returns.clear()
-                vec_env.finished_success.clear()
-                vec_env.finished_lengths.clear()
                 if cfg.eval_every and (it + 1) % cfg.eval_every == 0:
                     start = time.perf_counter()
                     metrics["eval_return"] = (evaluate or deterministic_return)(alg.actor, task, twin,
