@@ -22,7 +22,10 @@ def tune(
     eval_episodes: int = typer.Option(16, min=1, help="Episodes per deterministic evaluation."),
     pruner: str = typer.Option("median", help="median or halving (successive halving)."),
     seed: int = typer.Option(0, help="Seeds the sampler and every trial."),
-    parallel: int = typer.Option(1, min=1, max=64, help="Trials running at once (threads of the tune flow)."),
+    parallel: int = typer.Option(1, min=1, max=64, help="Trials running at once, on the flow's task runner "
+                                                        "(threads; Ray with SIM2EDGE_TASK_RUNNER=ray or ray://…)."),
+    storage: Optional[str] = typer.Option(None, help="The study's Optuna storage, a database URL every worker "
+                                                     "reaches [default: a journal file under the workspace]."),
     out: Optional[Path] = typer.Option(None, help="Where to write the best config [default: ./<task>-tuned.yaml]."),
 ) -> None:
     """Search learning rate, entropy, γ, λ, network sizes, envs × steps, noise std and desired KL with Optuna.
@@ -44,7 +47,7 @@ def tune(
                      eval_episodes=eval_episodes, pruner=pruner, seed=seed)
     path = (out or Path(f"{load(task).name}-tuned.yaml")).absolute()
     try:
-        summary = tune_flow(TuneParams(search=cfg, parallel=parallel, out=str(path)))
+        summary = tune_flow(TuneParams(search=cfg, parallel=parallel, storage=storage, out=str(path)))
     except ValueError as e:
         fail(str(e))
     result = summary.result

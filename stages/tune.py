@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Protocol
 
@@ -106,10 +107,40 @@ def make_pruner(name: str) -> optuna.pruners.BasePruner:
     return optuna.pruners.MedianPruner() if name == "median" else optuna.pruners.SuccessiveHalvingPruner()
 
 
-def make_study(cfg: TuneConfig, pruner: Optional[optuna.pruners.BasePruner] = None) -> optuna.Study:
-    """An in-memory study maximizing the score: TPE seeded by ``cfg.seed``; ``pruner`` overrides ``cfg.pruner``."""
+def study_storage(spec: str) -> optuna.storages.BaseStorage:
+    """Optuna's storage for ``spec``: a database URL (``sqlite:///…``, ``postgresql://…``, for workers on other
+    hosts) or else the path of a journal file (processes on one host)."""
+    if "://" in spec:
+        return optuna.storages.RDBStorage(spec)
+    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(spec))
+
+
+def make_study(cfg: TuneConfig, pruner: Optional[optuna.pruners.BasePruner] = None,
+               storage: Optional[str] = None) -> optuna.Study:
+    """A study maximizing the score: TPE seeded by ``cfg.seed``; ``pruner`` overrides ``cfg.pruner``; in memory, or
+    named ``tune`` in ``storage`` (:func:`study_storage`), where worker processes reach it."""
     return optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=cfg.seed),
-                               pruner=pruner or make_pruner(cfg.pruner))
+                               pruner=pruner or make_pruner(cfg.pruner), study_name="tune" if storage else None,
+                               storage=study_storage(storage) if storage else None)
+
+
+@dataclass(frozen=True)
+class TrialHandle:
+    """One asked trial of a study in a storage: what a worker process needs to report to it and be pruned by it."""
+
+    storage: str
+    study: str
+    trial_id: int
+    pruner: optuna.pruners.BasePruner
+
+    @classmethod
+    def of(cls, study: optuna.Study, trial: optuna.Trial, storage: str) -> TrialHandle:
+        return cls(storage, study.study_name, trial._trial_id, study.pruner)  # Optuna names a trial by its id
+
+    def open(self) -> optuna.Trial:
+        """The trial, read from the storage; its parameters are the ones suggested where it was asked."""
+        study = optuna.load_study(study_name=self.study, storage=study_storage(self.storage), pruner=self.pruner)
+        return optuna.Trial(study, self.trial_id)
 
 
 def trial_config(cfg: TuneConfig, base: TrainConfig, values: dict[str, Any],

@@ -101,13 +101,15 @@ def test_flow_runs_trials_two_at_a_time_and_writes_the_best(prefect_harness, tmp
 
 
 @flow
-def searched_in_a_flow(cfg: TuneConfig, parallel: int) -> list[str]:
-    study = search(cfg, TrainConfig(task=cfg.task), Recorded(), parallel, optuna.pruners.ThresholdPruner(lower=1e9))
+def searched_in_a_flow(cfg: TuneConfig, parallel: int, storage: str) -> list[str]:
+    study = search(cfg, TrainConfig(task=cfg.task), Recorded(), parallel, storage,
+                   optuna.pruners.ThresholdPruner(lower=1e9))
     return [t.state.name for t in study.trials]
 
 
-def test_flow_tells_a_pruned_trial_pruned(prefect_harness):
-    assert searched_in_a_flow(TINY.model_copy(update={"trials": 2}), 2) == ["PRUNED", "PRUNED"]
+def test_flow_tells_a_pruned_trial_pruned(prefect_harness, tmp_path):
+    states = searched_in_a_flow(TINY.model_copy(update={"trials": 2}), 2, str(tmp_path / "study.journal"))
+    assert states == ["PRUNED", "PRUNED"]
 
 
 def test_cli_bad_task_is_one_line():
