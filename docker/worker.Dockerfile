@@ -9,7 +9,7 @@
 ARG BASE=python:3.11-slim
 FROM ${BASE}
 ARG CONSTRAINTS=constraints.txt
-ARG APT_PACKAGES="git libegl1"
+ARG APT_PACKAGES="git libegl1 libopengl0"
 ARG PIP_ARGS=
 ARG EXTRAS=
 ENV PYTHONUNBUFFERED=1 MUJOCO_GL=egl SIM2EDGE_HOME=/workspace
