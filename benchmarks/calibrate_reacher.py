@@ -74,11 +74,14 @@ def main() -> None:
     print(f"reacher stand-in ({args.profile}), {episodes} episodes = {args.minutes:.1f} min of logs, "
           f"{cfg.max_windows} windows × {cfg.window} steps, {cfg.joint_generations} per-joint generations")
     if args.profile == "per-joint":
-        p = twin.params
+        p, box = twin.params, twin.intervals
         for j in p.damping_by_joint:
-            print(f"  {j}: damping {p.damping * p.damping_by_joint[j]:.4f} (truth {truth.damping_by_joint[j]}), "
-                  f"gain {p.actuator_gain * p.gain_by_actuator[j]:.4f} (truth {truth.gain_by_actuator[j]}), "
-                  f"friction {p.friction_by_joint[j]:.4f} (truth {truth.friction_by_joint[j]})")
+            d, g, f = box[f"damping_by_joint.{j}"], box[f"gain_by_actuator.{j}"], box[f"friction_by_joint.{j}"]
+            print(f"  {j}: damping {p.damping * p.damping_by_joint[j]:.4f} [{p.damping * d[0]:.4f}, "
+                  f"{p.damping * d[1]:.4f}] (truth {truth.damping_by_joint[j]}), gain "
+                  f"{p.actuator_gain * p.gain_by_actuator[j]:.4f} [{p.actuator_gain * g[0]:.4f}, "
+                  f"{p.actuator_gain * g[1]:.4f}] (truth {truth.gain_by_actuator[j]}), friction "
+                  f"{p.friction_by_joint[j]:.4f} [{f[0]:.4f}, {f[1]:.4f}] (truth {truth.friction_by_joint[j]})")
     for name in ("damping", "actuator_gain", "mass", "friction") if args.profile == "global" else ():
         got = getattr(twin.params, name)
         note = "  unidentifiable: held at prior" if name in twin.unidentified else ""
