@@ -14,6 +14,10 @@ against itself (tests/test_gpu_check.py). Each step compares the device with the
 4. ``export``: the device-trained checkpoint exported to ONNX with the export stage's parity check (onnxruntime,
    CPU), then batch-1 latency p50 per onnxruntime provider available (CUDA, TensorRT where installed).
 
+5. ``collectors`` (with ``--collectors`` only): rollout collection alone over 1, 2, 4, … up to the machine's cores
+   collector processes (``TrainConfig.collector_processes``, 1,024 cart-pole environments split among them),
+   env-steps/s and the ratio to one process (benchmarks/collector_scaling.py).
+
 Output: a table on stdout and ``--out`` (JSON). MuJoCo Warp is not here: warp-lang's wheel (149 MB) does not fit
 the GPU machine's 64 MiB of carried files.
 """
@@ -151,6 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", default="cuda", help="The device to compare with the CPU (cuda, cuda:N, cpu).")
     parser.add_argument("--quick", action="store_true", help="Small sizes and budgets: a smoke run of every step.")
     parser.add_argument("--out", type=Path, help="Write the results here (JSON).")
+    parser.add_argument("--collectors", action="store_true", help="Also measure collection over 1, 2, 4, … "
+                        "collector processes (benchmarks/collector_scaling.py).")
     args = parser.parse_args(argv)
     try:
         check_device(args.device)
@@ -165,6 +171,11 @@ def main(argv: list[str] | None = None) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             report["train"], checkpoint = train_step(args.device, 3 if quick else 60, 16 if quick else 256, Path(tmp))
             report["export"] = export_step(checkpoint, Path(tmp), 50 if quick else 2000)
+    if args.collectors:
+        from benchmarks import collector_scaling
+
+        report["collectors"] = collector_scaling.main(["--envs", "32", "--steps", "8", "--rollouts", "2", "--ks", "1,2"]
+                                                      if quick else ["--envs", "1024", "--rollouts", "5"])
     print(json.dumps(report["machine"]))
     for name, r in report["update"].items():
         print(f"PPO update {name:<32} cpu {r['cpu_ms']:9.2f} ms   {args.device} {r['device_ms']:9.2f} ms   "
@@ -176,6 +187,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"export parity max |error| {report['export']['parity_max_abs_error']:.2e}; batch-1 latency: "
           + ", ".join(f"{p} p50 {v['p50_us']} µs (first {v['first_ms']} ms)"
                       for p, v in report["export"]["latency_batch1"].items()))
+    if "collectors" in report:
+        print("collection over K processes (env-steps/s, ratio to K=1): " + ", ".join(
+            f"K={k} {r['env_steps_per_s']} ({r['ratio_to_k1']}×)" for k, r in report["collectors"]["k"].items()))
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
     return report

@@ -81,6 +81,10 @@ class TrainConfig(BaseModel):
                                                                   "next one during the update, with the policy one "
                                                                   "update old (`process`: in a child process, no "
                                                                   "resume or periodic checkpoints).")
+    collector_processes: int = Field(1, ge=1, description="With collector='process': how many child processes "
+                                     "collect each rollout, each stepping its contiguous slice of num_envs/K "
+                                     "environments (seeded seed + slice index; stages/process_sampler.py, "
+                                     "benchmarks/collector_scaling.py). Must divide num_envs.")
     backend: Literal["mujoco", "warp"] = Field("mujoco", description="Physics of the training environments: "
                                                "`mujoco` (C MuJoCo, `mujoco.rollout`) or `warp` (MuJoCo Warp on its "
                                                "CPU device, the `warp` extra; slower than C MuJoCo on a CPU, see "
@@ -93,6 +97,12 @@ class TrainConfig(BaseModel):
     def _one_collector(self) -> "TrainConfig":
         if self.overlap and self.collector == "process":
             raise ValueError("overlap=True means collector='thread'; give collector alone")
+        if self.collector_processes > 1 and self.collector != "process":
+            raise ValueError(f"collector_processes={self.collector_processes} needs collector='process' "
+                             f"(got collector={self.collector!r}{' with overlap=True' if self.overlap else ''})")
+        if self.num_envs % self.collector_processes:
+            raise ValueError(f"collector_processes={self.collector_processes} must divide num_envs={self.num_envs}: "
+                             "each process steps an equal slice of at least one environment")
         return self
 
 

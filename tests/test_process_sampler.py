@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import signal
@@ -78,3 +79,61 @@ def test_resume_and_periodic_checkpoints_are_refused_and_overlap_still_means_the
         TrainConfig(overlap=True, collector="process")
     old = {k: v for k, v in TrainConfig(overlap=True).model_dump(mode="json").items() if k != "collector"}
     assert TrainConfig(**old).collector == "sequential"  # an older checkpoint's config loads; overlap picks the thread
+
+
+def test_two_collector_processes_fill_both_slices_and_train_cartpole(tmp_path):
+    """K=2: each child writes its half of the environment columns, the advantages are normalized over the whole
+    batch, every done in the rollout is a finished episode the learner sees, and no child outlives train."""
+    from stages.process_sampler import ProcessSampler
+    from stages.sim.registry import load
+    from stages.train import RslRlEnv, build_algorithm, make_env
+
+    cfg = TrainConfig(iterations=3, num_envs=16, steps_per_env=32, collector="process", collector_processes=2)
+    task = load(cfg.task)
+    vec_env = RslRlEnv(make_env(cfg, task, TWIN))
+    alg = build_algorithm(cfg, vec_env)
+    sampler = ProcessSampler(alg, vec_env, cfg, task, TWIN)
+    try:
+        assert len(children()) == 2
+        with sampler.rollout(more=False) as collected:
+            storage = alg.storage
+            assert collected.seconds > 0 and storage.step == 32
+            written = storage.observations["policy"].abs().sum(dim=(0, 2))
+            assert (written > 0).all() and (storage.actions_log_prob != 0).any(dim=0).all()  # all 16 columns
+            assert not torch.equal(storage.actions[:, :8], storage.actions[:, 8:])  # the children's own noise
+            assert abs(storage.advantages.mean()) < 1e-5 and abs(storage.advantages.std() - 1) < 1e-4
+            assert torch.allclose(storage.returns - storage.values,
+                                  storage.advantages * (storage.returns - storage.values).std()
+                                  + (storage.returns - storage.values).mean(), atol=1e-4)
+            dones = storage.dones.squeeze(-1)
+            assert (dones.sum(dim=0)[:8] > 0).any() and (dones.sum(dim=0)[8:] > 0).any()
+        assert len(vec_env.finished.take().returns) == int(dones.sum())  # both children's episodes, each once
+    finally:
+        sampler.close()
+    assert children() == []
+
+    seen: list[dict] = []
+    train(cfg, TWIN, tmp_path / "k2", on_iteration=lambda it, m: seen.append(m))
+    assert children() == [] and len(seen) == 3
+    assert all(m["episodes"] > 0 and math.isfinite(m["mean_return"]) for m in seen)
+
+
+def test_a_failing_child_of_several_is_named_and_all_are_stopped(tmp_path):
+    def kill_second(it: int, metrics: dict) -> None:
+        if it == 1:
+            os.kill(children()[1].pid, signal.SIGKILL)
+
+    cfg = CFG.model_copy(update={"iterations": 4, "num_envs": 16, "collector_processes": 2})
+    with pytest.raises(CollectorError, match=r"rollout process \d of 2 exited \(code -9\)"):
+        train(cfg, TWIN, tmp_path / "k", on_iteration=kill_second)
+    assert children() == []
+
+
+def test_collector_processes_are_refused_without_the_process_collector_or_an_even_split():
+    with pytest.raises(ValueError, match=r"collector_processes=2 needs collector='process' \(got collector='thread'"):
+        TrainConfig(collector="thread", collector_processes=2)
+    with pytest.raises(ValueError, match="collector_processes=3 must divide num_envs=64"):
+        TrainConfig(num_envs=64, collector="process", collector_processes=3)
+    with pytest.raises(ValueError, match="collector_processes=4 must divide num_envs=2"):
+        TrainConfig(num_envs=2, collector="process", collector_processes=4)
+    assert TrainConfig(num_envs=64, collector="process", collector_processes=4).collector_processes == 4
