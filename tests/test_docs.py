@@ -26,7 +26,9 @@ DOCS = REPO / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 FENCE = re.compile(r"^\s*(```+|~~~+)")
 NEEDS = re.compile(r"^\s*<!--\s*needs:\s*(.+?)\s*-->\s*$")
-RUN_BY = {"sim2edge run --task examples.pendulum:Pendulum": ("tests/test_own_robot.py", "examples.pendulum:Pendulum")}
+RUN_BY = {"sim2edge run --task examples.pendulum:Pendulum": ("tests/test_own_robot.py", "examples.pendulum:Pendulum"),
+          "sim2edge run --task examples.gym_pusher:PusherReach --iterations 300": (  # at 2 iterations
+              "tests/test_packaged_robots.py", "examples.gym_pusher:PusherReach")}
 """Front-page commands too slow to run here that another test runs for real: command → (test file, what it names)."""
 
 
