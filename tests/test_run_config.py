@@ -137,7 +137,7 @@ def test_the_example_run_configurations_carry_what_made_each_task_learn():
     p = resolve(None, EXAMPLES / "run.yaml", [], {})
     assert p.task == "cartpole" and p.iterations == 120 and p.train.hidden_dims == (64, 64)
     arm6 = resolve(None, EXAMPLES / "arm6.yaml", [], {})
-    assert (arm6.iterations, arm6.num_envs, arm6.train.hidden_dims) == (1500, 128, (128, 128))
+    assert (arm6.iterations, arm6.num_envs, arm6.train.hidden_dims) == (3000, 128, (128, 128))
     assert arm6.eval_episodes == 64  # the nominal floor is the 90%: 58/64 (91%) passes it, 57/64 (89%) not
     assert wilson(57, 64)[0] < arm6.gate.min_success_rate <= wilson(58, 64)[0]
     quad = resolve(None, EXAMPLES / "quadruped.yaml", ["train.minutes=20"], {})
