@@ -31,7 +31,7 @@ from registry.tracking import finish_pipeline, start_pipeline
 from stages.sim.registry import load
 from stages.train import NonFiniteTraining, TrainConfig
 from stages.tune import (TrialHandle, TrialLog, TuneConfig, TuneResult, make_study, result_of, run_trial, suggest,
-                         summarize, write_preset)
+                         study_storage, summarize, write_preset)
 
 
 class TuneParams(BaseModel):
@@ -123,6 +123,8 @@ def tune(params: TuneParams = TuneParams()) -> TuneSummary:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     cfg = params.search
     name = load(cfg.task).name
+    if params.storage:
+        study_storage(params.storage)  # a storage that cannot be opened is refused before anything is logged
     ws = Workspace.from_env()
     ctx = start_pipeline(ws.tracking_uri(), f"sim2edge/{name}", ws.artifact_root(), "tune",
                          {"sim2edge.stage": "tune"}, {**cfg.model_dump(), "parallel": params.parallel})

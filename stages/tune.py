@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional, Protocol
 import optuna
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.exc import SQLAlchemyError
 
 from stages.sim.registry import load
 from stages.train import NonFiniteTraining, TrainConfig, deterministic_return, load_actor, train
@@ -110,9 +111,13 @@ def make_pruner(name: str) -> optuna.pruners.BasePruner:
 def study_storage(spec: str) -> optuna.storages.BaseStorage:
     """Optuna's storage for ``spec``: a database URL (``sqlite:///…``, ``postgresql://…``, for workers on other
     hosts) or else the path of a journal file (processes on one host)."""
-    if "://" in spec:
-        return optuna.storages.RDBStorage(spec)
-    return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(spec))
+    try:
+        if "://" in spec:
+            return optuna.storages.RDBStorage(spec)
+        return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(spec))
+    except (SQLAlchemyError, OSError) as e:  # an unknown dialect, a refused connection, a folder that is not there
+        raise ValueError(f"study storage {spec!r}: Optuna cannot open it ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0]})") from None
 
 
 def make_study(cfg: TuneConfig, pruner: Optional[optuna.pruners.BasePruner] = None,

@@ -118,6 +118,15 @@ def test_cli_bad_task_is_one_line():
     assert done.output.strip().splitlines() == [done.output.strip()] and "nosuch" in done.output
 
 
+def test_cli_refuses_a_study_storage_it_cannot_open_in_one_line_before_logging(prefect_harness, tmp_path):
+    home = tmp_path / "home"
+    done = CliRunner().invoke(app, ["tune", "--task", "cartpole", "--trials", "1", "--storage", "bogus://nowhere"],
+                              env={"SIM2EDGE_HOME": str(home), "MLFLOW_TRACKING_URI": None, "COLUMNS": "200"})
+    assert done.exit_code == 2 and "Traceback" not in done.output, done.output
+    assert done.output.strip().splitlines() == [done.output.strip()] and "bogus://nowhere" in done.output
+    assert not (home / "tune").exists()
+
+
 def test_cli_logs_one_mlflow_run_per_trial_and_tags_the_best(prefect_harness, tmp_path):
     from mlflow.tracking import MlflowClient
 
