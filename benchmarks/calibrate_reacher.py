@@ -8,7 +8,7 @@ With ``--sysid`` (needs ``mujoco[sysid]``, in ``.[bench]``), ``mujoco.sysid`` fi
 windows in the same run (``benchmarks/sysid_reference.py``), and one table gives both sides' errors, 95% intervals and
 wall times; ``--windows N`` caps the windows of both sides.
 Run: PYTHONPATH=. .venv/bin/python benchmarks/calibrate_reacher.py [--minutes 5] [--profile per-joint]
-[--joint-generations N] [--sysid] [--windows N]
+[--joint-steps N] [--sysid] [--windows N]
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--minutes", type=float, default=5.0, help="Minutes of logged stand-in data.")
     ap.add_argument("--profile", choices=standin.PROFILES, default="global", help="The stand-in's hidden profile.")
-    ap.add_argument("--joint-generations", type=int, default=CalibrateConfig().joint_generations,
-                    help="Generations of the per-joint fit (0: the global fit only).")
+    ap.add_argument("--joint-steps", type=int, default=CalibrateConfig().joint_steps,
+                    help="Levenberg-Marquardt steps of the per-joint fit (0: the global fit only).")
     ap.add_argument("--sysid", action="store_true", help="Also fit with mujoco.sysid on the same windows.")
     ap.add_argument("--windows", type=int, default=CalibrateConfig().max_windows,
                     help="Replay windows both fits use (at most).")
@@ -67,12 +67,12 @@ def main() -> None:
     truth = standin.hidden_params("reacher", args.profile)
     log = record(task, truth, episodes, 0, tmp / "log.parquet", standin.robot_id("reacher", args.profile))
     ds = DatasetStore(tmp / "ds", task, "reacher").ingest([log], "benchmark").dataset
-    cfg = CalibrateConfig(joint_generations=args.joint_generations, max_windows=args.windows)
+    cfg = CalibrateConfig(joint_steps=args.joint_steps, max_windows=args.windows)
     start = time.perf_counter()
     twin = calibrate(cfg, ds, tmp / "twin")
     seconds = time.perf_counter() - start
     print(f"reacher stand-in ({args.profile}), {episodes} episodes = {args.minutes:.1f} min of logs, "
-          f"{cfg.max_windows} windows × {cfg.window} steps, {cfg.joint_generations} per-joint generations")
+          f"{cfg.max_windows} windows × {cfg.window} steps, {cfg.joint_steps} per-joint steps")
     if args.profile == "per-joint":
         p, box = twin.params, twin.intervals
         for j in p.damping_by_joint:

@@ -54,6 +54,7 @@ class CalibrateSettings(BaseModel):
     generations: int = calibration_field("generations")
     search_generations: int = calibration_field("search_generations")
     max_latency: int = calibration_field("max_latency")
+    joint_steps: int = calibration_field("joint_steps")
     joint_generations: int = calibration_field("joint_generations")
     groups: dict[str, tuple[str, ...]] = calibration_field("groups")
     bootstrap: int = calibration_field("bootstrap")

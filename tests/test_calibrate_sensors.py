@@ -64,7 +64,7 @@ def test_a_sensor_no_term_reads_is_refused_naming_it(quadruped_logs):
 
 def test_the_twin_records_each_sensor_of_its_residual(quadruped_logs, tmp_path):
     task, ds = quadruped_logs
-    cfg = CalibrateConfig(max_windows=8, generations=4, search_generations=2, max_latency=0, joint_generations=0,
+    cfg = CalibrateConfig(max_windows=8, generations=4, search_generations=2, max_latency=0, joint_steps=0,
                           bootstrap=20, sensors=IMU)
     twin = calibrate(cfg, ds, tmp_path / "twin")
     sensors = json.loads(twin.path.read_text())["sensors"]

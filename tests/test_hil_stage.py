@@ -25,7 +25,7 @@ from tests.test_hil import cartpole_store
 
 TINY = dict(iterations=2, num_envs=16, eval_episodes=2, collect_episodes=2, seed=23, model_prefix="hil-stage-",
             calibrate=CalibrateSettings(max_windows=16, generations=2, search_generations=1, max_latency=1,
-                                        joint_generations=0, bootstrap=20))
+                                        joint_steps=0, bootstrap=20))
 
 
 def hil(gate: Path, floors: str) -> dict:

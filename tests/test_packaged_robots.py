@@ -110,7 +110,7 @@ def test_gymnasium_env_checker_passes(ref):
 def test_sim2edge_run_takes_the_robot_from_stand_in_logs_to_a_signed_bundle(tmp_path, ref):
     """collect (stand-in) → calibrate → train → export → evaluate → package → register, with a tiny budget."""
     budget = ["collect_episodes=2", "num_envs=8", "train.steps_per_env=8", "calibrate.max_windows=16",
-              "calibrate.generations=4", "calibrate.search_generations=2", "calibrate.joint_generations=4",
+              "calibrate.generations=4", "calibrate.search_generations=2", "calibrate.joint_steps=4",
               "calibrate.bootstrap=20"]
     r = run_cli("sim2edge", "run", "--task", ref, "--iterations", "2", "--eval-episodes", "2",
                 *(a for kv in budget for a in ("--set", kv)), cwd=REPO,

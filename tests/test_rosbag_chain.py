@@ -34,7 +34,7 @@ DRIVE_EPISODES, DRIVE_SEED = 10, 500
 BUDGET = {"iterations": 100, "num_envs": 64, "eval_episodes": 8,
           "train": {"steps_per_env": 32, "hidden_dims": [64, 64], "disturbance": {"init_spread": 1.0}},
           "calibrate": {"max_windows": 16, "generations": 8, "search_generations": 2, "max_latency": 1,
-                        "joint_generations": 0, "bootstrap": 20}}
+                        "joint_steps": 0, "bootstrap": 20}}
 """The smallest budget that learns joint cart-pole on the twin (cart-pole learns in 30–60 iterations)."""
 
 

@@ -40,7 +40,7 @@ calibrate:
   generations: 2
   search_generations: 1
   max_latency: 0
-  joint_generations: 0
+  joint_steps: 0
   bootstrap: 20
 eval_episodes: 8
 collect_episodes: 2

@@ -17,7 +17,7 @@ from stages.twin.twin_files import twin_from_file
 from stages.twin.intervals import Optimum, interval, polish, prior_dominated, resample
 
 CHEAP = CalibrateConfig(window=10, max_windows=36, generations=16, search_generations=4, max_latency=0,
-                        joint_generations=0, bootstrap=200)
+                        joint_steps=0, bootstrap=200)
 """Short windows, few generations: the point estimate is rough, the intervals must still hold."""
 
 

@@ -10,11 +10,12 @@ change raises the replay error) is measured; a parameter the data cannot pin dow
 flagged unidentifiable and held at its prior instead of being silently fitted. Levenberg-Marquardt then takes the
 CMA-ES mean to the least-squares optimum, which is the estimate.
 
-The global fit is then the prior of a per-joint one: CMA-ES fits, per actuated joint (or per ``groups``
+The global fit is then the prior of a per-joint one: Levenberg-Marquardt fits, per actuated joint (or per ``groups``
 entry: joints that share hardware), log-multipliers on damping and on the gain of the actuators driving
 it, and with ``body_masses`` on the mass of each of the task's mass bodies (when it has several), with a
 Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit, and its friction
-(raced from two starts: ``search.fit_joints``), again polished to the optimum. Last, the leftover replay error is
+(raced from two starts: ``search.fit_joints``) to the least-squares optimum; where that leaves a misfit, a CMA-ES
+search of the same space (``search.search_joints``) is polished too and the better kept. Last, the leftover replay error is
 compared with the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
 misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
 episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range, and a per-joint one the
@@ -22,7 +23,7 @@ logs pin less than its prior does is named ``weakly_identified`` and its interva
 Beside ``twin.json`` the identified model is written as ``twin.xml`` (MJCF).
 
 The parts: ``calibration_config`` (the settings), ``replay`` (windows and their batched replay), ``search`` (the
-CMA-ES search spaces and fits), ``intervals`` (the bootstrap), ``twin_files`` (``twin.xml``, the plot, reading
+search spaces and fits), ``intervals`` (the bootstrap), ``twin_files`` (``twin.xml``, the plot, reading
 ``twin.json`` back); this module runs them in order and writes the twin.
 """
 
@@ -40,9 +41,9 @@ from stages.artifacts import Dataset, Misfit, TwinSpec, atomic_dir, sha256_json
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.twin.calibration_config import CalibrateConfig
-from stages.twin.intervals import Z, Optimum, interval, polish, prior_dominated, resample, start_spread
+from stages.twin.intervals import Z, Optimum, interval, polish, prior_dominated, resample, score, start_spread
 from stages.twin.replay import Replayer, windows
-from stages.twin.search import FITTED, JointSearch, Search, fit_global, fit_joints, max_effort
+from stages.twin.search import FITTED, JointSearch, Search, fit_global, fit_joints, max_effort, search_joints
 from stages.twin.twin_files import plot_replay, write_mjcf
 
 PROBE = 1.1
@@ -119,7 +120,7 @@ def noise_spread(replayer: Replayer, params_of: Callable[[np.ndarray], PhysicalP
         start[:, 1 : 1 + m.nq + m.nv] += rng.normal(0, sigma, (len(start), m.nq + m.nv))
         return start
 
-    return start_spread(residuals(win.start), [residuals(noisy()) for _ in range(cfg.start_draws)], optimum.x, bounds,
+    return start_spread(residuals(win.start), [residuals(noisy()) for _ in range(cfg.start_draws)], optimum, bounds,
                         free, prior)
 
 
@@ -132,6 +133,21 @@ def prior_width(box: np.ndarray, x: np.ndarray, weak: np.ndarray, bounds: np.nda
     out[weak, 0] = np.maximum(np.minimum(box[weak, 0], x[weak] - Z * width), bounds[weak, 0])
     out[weak, 1] = np.minimum(np.maximum(box[weak, 1], x[weak] + Z * width), bounds[weak, 1])
     return out
+
+
+def joint_optimum(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> Optimum:
+    """The per-joint least-squares fit: Levenberg-Marquardt from the global fit (``search.fit_joints``); where that
+    leaves a misfit (``misfit``), also the CMA-ES race (``search.search_joints``) polished, and the better of the two."""
+    prior, every = search.prior_weights(replayer, cfg, noise), np.ones(len(search.bounds), bool)
+    local = fit_joints(replayer, search, cfg, noise)
+    params = search.params(local.x)
+    params = params.model_copy(update={"obs_noise": noise_estimate(replayer, params)})
+    if not cfg.joint_generations or not misfit(replayer, params, cfg.misfit_ratio, cfg.seed).worst_joints:
+        return local
+    log.info("%s: the per-joint fit leaves a misfit; searching with CMA-ES", replayer.task.name)
+    searched = least_squares(replayer, search.params, search_joints(replayer, search, cfg, noise), search.bounds, every,
+                             prior)
+    return min((local, searched), key=lambda o: score(o.residuals, o.x, prior))
 
 
 def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec:
@@ -161,11 +177,9 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     spread = noise_spread(replayer, global_of, global_opt, search.bounds, free, np.zeros(len(FITTED)), cfg)
     intervals = search.named(interval(global_opt, search.bounds, free, resamples, np.zeros(len(FITTED)), spread))
     weak: tuple[str, ...] = ()
-    if cfg.joint_generations:
+    if cfg.joint_steps:
         joint_prior, every = joint_search.prior_weights(replayer, cfg, noise), np.ones(len(joint_search.bounds), bool)
-        joint_opt = least_squares(replayer, joint_search.params,
-                                  joint_search.point(fit_joints(replayer, joint_search, cfg, noise)),
-                                  joint_search.bounds, every, joint_prior)
+        joint_opt = joint_optimum(replayer, joint_search, cfg, noise)
         fitted = joint_search.params(joint_opt.x)
         spread = noise_spread(replayer, joint_search.params, joint_opt, joint_search.bounds, every, joint_prior, cfg)
         box = interval(joint_opt, joint_search.bounds, every, resamples, joint_prior, spread)

@@ -30,7 +30,10 @@ class CalibrateConfig(BaseModel):
     population: int = Field(8, ge=4)
     min_sensitivity: float = Field(0.02, ge=0, description="A 10% change must raise the replay error by this fraction, "
                                                           "else the parameter is unidentifiable.")
-    joint_generations: int = Field(80, ge=0, description="CMA-ES generations of the per-joint fit (0: global only).")
+    joint_generations: int = Field(80, ge=0, description="CMA-ES generations of the per-joint search that runs where "
+                                   "the Levenberg-Marquardt fit leaves a misfit (0: never).")
+    joint_steps: int = Field(24, ge=0, description="Levenberg-Marquardt trial steps of the per-joint fit (0: global "
+                                                  "only).")
     prior_width: float = Field(0.3, gt=0, description="1σ of the per-joint log-multipliers' prior around the global fit.")
     groups: dict[str, tuple[str, ...]] = Field(default_factory=dict, description="Joints that share hardware, "
                                                "fitted as one multiplier: {group name: joint names}.")

@@ -14,8 +14,9 @@ residuals at the estimate, while a start's noise moves the whole replay and its 
 (σ = 0.002) the start positions' noise (not the velocities') moved joint 1's gain +0.04% and damping +0.2%, outside
 episode-bootstrap intervals of ±0.03% and ±0.2%; replays from the noise-free starts recover both within 0.01%. So
 ``start_spread`` measures it by a parametric bootstrap: the fitted twin's own replays from the logged starts stand in
-for the logs, the starts get fresh noise, and each draw is polished like the fit; the RMS of the draws' offsets from
-the noise-free polish (any bias included) widens the interval, in quadrature (``interval``).
+for the logs, the starts get fresh noise, and each draw is refitted by Gauss-Newton steps on its own replays with the
+optimum's Jacobian held (the chord method: one replay a step, not a Jacobian's 2·d + 1); the RMS of the draws' offsets
+from the noise-free refit (any bias included) widens the interval, in quadrature (``interval``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ STEP = 0.02
 """Central-difference step in search units (2% on a log-scale)."""
 POLISH = 8
 """Levenberg-Marquardt trial steps on all the data before the bootstrap: CMA-ES's mean may stop short of the optimum."""
+CHORD = 3
+"""Chord steps of each start-noise refit (``start_spread``): a draw's optimum lies about an interval's width from the
+fit's, where the fit's Jacobian still holds."""
 DAMPING = 1e-3
 """Levenberg-Marquardt's first damping: steps nearly Gauss-Newton, shortened tenfold after each rejected one."""
 MIN_EPISODES = 10
@@ -108,35 +112,59 @@ class Optimum:
     jacobian: np.ndarray
 
 
-def polish(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.ndarray, prior: np.ndarray) -> Optimum:
-    """Levenberg-Marquardt on all windows from ``x`` (at most ``POLISH`` trial steps, each one replay; a Jacobian
+def score(residuals: np.ndarray, x: np.ndarray, prior: np.ndarray) -> float:
+    """The least-squares objective: mean squared residual plus the Gaussian prior's ``prior`` · x²."""
+    return float((residuals**2).mean() + prior @ x**2)
+
+
+def polish(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.ndarray, prior: np.ndarray,
+           trials: int = POLISH) -> Optimum:
+    """Levenberg-Marquardt on all windows from ``x`` (at most ``trials`` trial steps, each one replay; a Jacobian
     where a step is taken): the least-squares optimum near ``x``, the twin's point estimate and the centre of its
     bootstrap. CMA-ES's mean stops short of it along valleys, such as a joint's damping against its friction."""
-    objective = lambda r, v: float((r**2).mean() + prior @ v**2)  # noqa: E731
+    objective = lambda r, v: score(r, v, prior)  # noqa: E731
     r0, jac = jacobian(residuals, x, bounds, free)
-    score, damping = objective(r0, x), DAMPING
-    for _ in range(POLISH):
+    best, damping = objective(r0, x), DAMPING
+    for _ in range(trials):
         step = steps(r0, jac, x, free, np.ones((1, len(r0))), prior, damping)[0]
         if not np.isfinite(step).all():
             break
         trial = x.copy()
         trial[free] = np.clip(x[free] + step, *bounds[free].T)
         trial_score = objective(residuals([trial])[0], trial)
-        if trial_score < score:
-            x, score, damping = trial, trial_score, damping / 10
+        if trial_score < best:
+            x, best, damping = trial, trial_score, damping / 10
             r0, jac = jacobian(residuals, x, bounds, free)
         else:
             damping *= 10
     return Optimum(x, r0, jac)
 
 
-def start_spread(clean: Residuals, noisy: list[Residuals], x: np.ndarray, bounds: np.ndarray, free: np.ndarray,
+def chord(residuals: Residuals, optimum: Optimum, bounds: np.ndarray, free: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """The least-squares fit of ``residuals`` near ``optimum`` by ``CHORD`` Gauss-Newton steps with the optimum's
+    Jacobian held, one replay each; a step that does not lower the objective ends it."""
+    x, every = optimum.x, np.ones((1, optimum.residuals.shape[0]))
+    r = residuals([x])[0]
+    for _ in range(CHORD):
+        step = steps(r, optimum.jacobian, x, free, every, prior)[0]
+        if not np.isfinite(step).all():
+            break
+        trial = x.copy()
+        trial[free] = np.clip(x[free] + step, *bounds[free].T)
+        r_trial = residuals([trial])[0]
+        if score(r_trial, trial, prior) >= score(r, x, prior):
+            break
+        x, r = trial, r_trial
+    return x
+
+
+def start_spread(clean: Residuals, noisy: list[Residuals], optimum: Optimum, bounds: np.ndarray, free: np.ndarray,
                  prior: np.ndarray) -> np.ndarray:
     """(k,) RMS over the ``noisy`` replays (the fitted twin's own replays as targets, its starts with fresh noise) of
-    the free coordinates' polished fit (``polish`` from ``x``) less the fit on ``clean`` (the same without the noise),
+    the free coordinates' refit (``chord`` from ``optimum``) less the refit on ``clean`` (the same without the noise),
     × t over z for as many draws (``t_quantile``): an RMS of few draws is itself uncertain."""
-    centre = polish(clean, x, bounds, free, prior).x[free]
-    offsets = np.stack([polish(r, x, bounds, free, prior).x[free] for r in noisy]) - centre
+    centre = chord(clean, optimum, bounds, free, prior)[free]
+    offsets = np.stack([chord(r, optimum, bounds, free, prior)[free] for r in noisy]) - centre
     return t_quantile(len(noisy)) / Z * np.sqrt((offsets**2).mean(axis=0))
 
 

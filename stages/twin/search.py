@@ -1,4 +1,5 @@
-"""The CMA-ES searches of calibration: global scales and latency (``Search``), then per joint (``JointSearch``)."""
+"""The searches of calibration: CMA-ES over global scales and latency (``Search``), then Levenberg-Marquardt per joint
+(``JointSearch``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from stages.sim.disturbance import peak_forces
 from stages.sim.params import PhysicalParams, actuated_dofs, actuator_names
 from stages.sim.task import Task
 from stages.twin.calibration_config import CalibrateConfig
+from stages.twin.intervals import Optimum, polish, score
 from stages.twin.replay import Replayer
 
 FITTED = ("damping", "actuator_gain", "mass", "friction")
@@ -17,7 +19,9 @@ LOG_SCALED = ("damping", "actuator_gain", "mass")
 """Searched as log-scales in [0.2, 5]; ``friction`` as a fraction in [0, 1] of ``FRICTION_RANGE`` × max actuator effort."""
 FRICTION_RANGE = 0.2
 JOINT_FRICTION_UNIT = 0.01
-"""The per-joint fit's friction unit, × max actuator effort: a CMA-ES step of 0.2 is 0.2% of the effort."""
+"""The per-joint fit's friction unit, × max actuator effort."""
+RACE = 8
+"""Levenberg-Marquardt trial steps each start of the per-joint fit runs before the better one goes on."""
 
 
 def max_effort(task: Task) -> float:
@@ -134,10 +138,39 @@ class JointSearch:
         return np.r_[np.full(2 * n, weight), np.zeros(n), np.full(len(self.bodies), weight)]
 
 
-def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> PhysicalParams:
+def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> Optimum:
+    """Levenberg-Marquardt (``intervals.polish``) on the per-joint values x, minimising the replay MSE plus a Gaussian
+    prior on the log-multipliers around the global fit (``JointSearch.prior_weights``): the least-squares optimum, which
+    is the per-joint estimate. It never scores worse than the global fit, where it starts.
+
+    Two starts race ``RACE`` trial steps, and the better one takes the rest of ``cfg.joint_steps``: the global fit's
+    friction on every joint (``JointSearch.start``), and no friction. Why: a global fit that cannot represent per-joint
+    damping makes friction stand in for it (arm6's per-joint stand-in: 6.2 N m globally for truths of 0.34-0.67 N m).
+    On the reacher (5 min of logs: 0.44 N m globally, truths 0.02 and 0.06 N m) joint 1's friction trades against its
+    damping along a narrow valley, which the search follows down from either start (0.09 N m from no friction in 20
+    steps); ``search_joints`` (two CMA-ES starts of 80 generations, 1,444 replays) ended at the same point (0.08 N m)
+    in 4x the time. On 2 minutes of logs, though, the search stopped at a local minimum with joint 1's friction at 0
+    and its damping 27% high, which only the CMA-ES race left: so calibration runs it where this fit leaves a misfit.
+    """
+    prior, n = search.prior_weights(replayer, cfg, noise), len(search.units)
+    every = np.ones(len(search.bounds), bool)
+
+    def fit(x: np.ndarray, trials: int) -> Optimum:
+        return polish(lambda xs: replayer.residuals([search.params(v) for v in xs]), x, search.bounds, every, prior,
+                      trials)
+
+    low = search.start.copy()
+    low[2 * n : 3 * n] = 0.0
+    starts = [search.start] if np.array_equal(low, search.start) else [search.start, low]
+    racers = [fit(x, min(RACE, cfg.joint_steps)) for x in starts]
+    best = min(racers, key=lambda o: score(o.residuals, o.x, prior))
+    return fit(best.x, cfg.joint_steps - RACE) if cfg.joint_steps > RACE else best
+
+
+def search_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> np.ndarray:
     """CMA-ES on the per-joint values x, minimising the replay MSE plus a Gaussian prior on the log-multipliers
-    around the global fit (``JointSearch.prior_weights``). Returns the search's mean, or the global fit where that scores
-    better.
+    around the global fit (``JointSearch.prior_weights``), for when ``fit_joints`` stops in a local minimum. Returns
+    the search's mean, or the global fit's point where that scores better.
 
     Two starts each run all the generations, and the better mean is kept: the global fit's friction on every joint
     (``JointSearch.start``), and no friction. Why: a global fit that cannot represent per-joint damping makes friction
@@ -168,4 +201,4 @@ def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, no
               for x in starts]
     optimizer = racers[int(np.argmin(scores([o.mean for o in racers])))]
     mean, start = scores([optimizer.mean, search.start])
-    return search.params(optimizer.mean if mean <= start else search.start)
+    return optimizer.mean if mean <= start else search.start
