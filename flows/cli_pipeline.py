@@ -145,7 +145,8 @@ def calibrate(
     max_latency: int = typer.Option(3, help="Largest actuation latency searched (control steps)."),
     seed: int = typer.Option(0),
 ) -> None:
-    """Fit the digital twin to a dataset version; print fitted vs prior (vs stand-in truth) and sensitivity."""
+    """Fit the digital twin to a dataset version; print fitted vs prior (vs stand-in truth), 95% intervals,
+    sensitivity and the misfit."""
     from flows.steps import calibrate_step, dataset_store
     from stages.twin.search import FITTED
     from stages.twin.calibration_config import CalibrateConfig
@@ -171,12 +172,18 @@ def calibrate(
         sens = spec["sensitivity"].get(name)
         table.add_row(name, f"{spec['prior'][name]:.4g}", fitted, span(name),
                       f"{sens:.3g}" if sens is not None else "", *([f"{truth[name]:.4g}"] if truth else []))
+    weak = set(spec["weakly_identified"])
     for name in (n for n in twin.intervals if "." in n):  # per joint: multipliers on the global fit
         field, joint = name.split(".", 1)
-        table.add_row(name, "1", f"{spec['params'][field][joint]:.4g}", span(name), "", *([""] if truth else []))
+        fitted = f"{spec['params'][field][joint]:.4g}" + (" (weak)" if name in weak else "")
+        table.add_row(name, "1", fitted, span(name), "", *([""] if truth else []))
     console.print(table)
     console.print(f"replay error {twin.replay_error_before:.4g} → {twin.replay_error_after:.4g} "
-                  f"({twin.replay_error_before / twin.replay_error_after:.1f}× lower); twin {twin.path}", soft_wrap=True)
+                  f"({twin.replay_error_before / twin.replay_error_after:.1f}× lower, {twin.misfit.ratio:.2f}× the "
+                  f"noise floor); twin {twin.path}, identified MJCF {twin.path.with_name('twin.xml')}", soft_wrap=True)
+    if twin.misfit.worst_joints:
+        console.print(f"misfit: the model cannot explain the logs on {', '.join(twin.misfit.worst_joints)}",
+                      soft_wrap=True)
 
 
 

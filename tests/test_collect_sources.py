@@ -87,7 +87,8 @@ def test_collect_and_calibrate_commands(tmp_path):
     out = run_cli("sim2edge", "calibrate", "--task", "cartpole", "--generations", "12", "--max-latency", "0",
                   env=env, unset=unset)
     assert out.returncode == 0, out.stderr
-    assert "stand-in truth" in out.stdout and "replay error" in out.stdout
+    assert "stand-in truth" in out.stdout and "replay error" in out.stdout and "noise floor" in out.stdout
+    assert "95% interval" in out.stdout and "twin.xml" in out.stdout
     assert (tmp_path / "ws" / "twins" / "cartpole" / "v0001" / "twin.json").exists()
 
     out = run_cli("sim2edge", "calibrate", "--task", "cartpole", "--dataset", "v0007", env=env, unset=unset)

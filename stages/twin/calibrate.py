@@ -4,8 +4,8 @@ Short windows of the logs are replayed from their logged start states (smoothed 
 contacts the sensor noise would move: ``replay.smoothed``) with the logged commanded controls, shifted by a
 candidate latency and held per control step. CMA-ES (the ``cmaes`` package) minimises the RMS error between
 replayed and logged joint positions over log-scales of the scale parameters and a normalized friction; a whole generation (population × windows) replays in one
-``mujoco.rollout`` call. Integer latency is searched: a short fit per candidate, then the
-best one is fitted to the end. Afterwards each parameter's sensitivity (how much a 10%
+``mujoco.rollout`` call. Integer latency is searched: a short fit per candidate on a quarter of the windows
+(``SCOUT_WINDOWS``), then the best one is fitted to the end on all of them. Afterwards each parameter's sensitivity (how much a 10%
 change raises the replay error) is measured; a parameter the data cannot pin down is
 flagged unidentifiable and held at its prior instead of being silently fitted. Levenberg-Marquardt then takes the
 CMA-ES mean to the least-squares optimum, which is the estimate.
@@ -41,12 +41,16 @@ from stages.artifacts import Dataset, Misfit, TwinSpec, atomic_dir, sha256_json
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.twin.calibration_config import CalibrateConfig
-from stages.twin.intervals import Z, Optimum, interval, polish, prior_dominated, resample, score, start_spread
-from stages.twin.replay import Replayer, windows
+from stages.twin.intervals import (Z, Optimum, StartNoise, debiased, interval, polish, prior_dominated, resample,
+                                   score, start_spread)
+from stages.twin.replay import Replayer, thinned, windows
 from stages.twin.search import FITTED, JointSearch, Search, fit_global, fit_joints, max_effort, search_joints
 from stages.twin.twin_files import plot_replay, write_mjcf
 
 PROBE = 1.1
+SCOUT_WINDOWS = 48
+"""Windows (at least) the latency search replays, every k-th of them (``replay.thinned``): on all of the reacher's 192
+it was 256 of calibration's 956 replays."""
 """Sensitivity probe: each fitted parameter scaled by 1.1 and 1/1.1 (friction: at least 1% of the max effort)."""
 log = logging.getLogger(__name__)
 
@@ -101,27 +105,21 @@ def least_squares(replayer: Replayer, params_of: Callable[[np.ndarray], Physical
 
 
 def noise_spread(replayer: Replayer, params_of: Callable[[np.ndarray], PhysicalParams], optimum: Optimum,
-                 bounds: np.ndarray, free: np.ndarray, prior: np.ndarray, cfg: CalibrateConfig) -> np.ndarray:
-    """The start noise's spread of the fit at ``optimum`` (``intervals.start_spread``): the fitted twin's replays from
-    the logged starts are the targets, and ``cfg.start_draws`` copies of the starts get noise of the fit's sensor noise
-    estimate × the smoothing's ``Windows.start_noise``."""
+                 bounds: np.ndarray, free: np.ndarray, prior: np.ndarray, cfg: CalibrateConfig) -> StartNoise:
+    """The start noise's spread and bias of the fit at ``optimum`` (``intervals.start_spread``): the fitted twin's
+    replays from the logged starts are the targets, and ``cfg.start_draws`` copies of the starts get noise of the fit's
+    sensor noise estimate × the smoothing's ``Windows.start_noise``."""
     fitted = params_of(optimum.x)
     qpos, sensors = replayer.rollout([fitted])
     win = replayer.win.model_copy(update={"target": qpos[0], "sensor_target": sensors[0][..., replayer.win.sensor_index]})
     m, sigma = replayer.task.model, noise_estimate(replayer, fitted) * win.start_noise
     rng = np.random.default_rng(cfg.seed)
-
-    def residuals(start: np.ndarray) -> Callable[[list[np.ndarray]], np.ndarray]:
-        draw = Replayer(replayer.task, win.model_copy(update={"start": start}), cfg.nthread)
-        return lambda xs: draw.residuals([params_of(x) for x in xs])
-
-    def noisy() -> np.ndarray:
-        start = win.start.copy()
-        start[:, 1 : 1 + m.nq + m.nv] += rng.normal(0, sigma, (len(start), m.nq + m.nv))
-        return start
-
-    return start_spread(residuals(win.start), [residuals(noisy()) for _ in range(cfg.start_draws)], optimum, bounds,
-                        free, prior)
+    noise = rng.normal(0, sigma, (cfg.start_draws, len(win.start), m.nq + m.nv))
+    starts = np.repeat(win.start[None], cfg.start_draws + 1, axis=0)
+    starts[1:, :, 1 : 1 + m.nq + m.nv] += noise
+    own = Replayer(replayer.task, win, cfg.nthread)
+    return start_spread(lambda xs: own.residuals([params_of(x) for x in xs], starts[: len(xs)]), cfg.start_draws,
+                        optimum, bounds, free, prior)
 
 
 def prior_width(box: np.ndarray, x: np.ndarray, weak: np.ndarray, bounds: np.ndarray, width: float) -> np.ndarray:
@@ -156,7 +154,8 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     prior = task.nominal_params()
     search = Search(task, prior)
     replayer = Replayer(task, windows(task, dataset, cfg), cfg.nthread)
-    searched = {lag: fit_global(replayer, search, lag, cfg.search_generations, cfg) for lag in range(cfg.max_latency + 1)}
+    scout = Replayer(task, thinned(replayer.win, SCOUT_WINDOWS), cfg.nthread)
+    searched = {lag: fit_global(scout, search, lag, cfg.search_generations, cfg) for lag in range(cfg.max_latency + 1)}
     latency = min(searched, key=lambda lag: searched[lag][1])
     optimizer, _ = fit_global(replayer, search, latency, max(cfg.generations - cfg.search_generations, 0), cfg,
                         searched[latency][0])
@@ -174,17 +173,18 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     bodies = task.mass_bodies if several else ()
     joint_search = JointSearch(task, global_fit, cfg.groups, bodies)
     resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
-    spread = noise_spread(replayer, global_of, global_opt, search.bounds, free, np.zeros(len(FITTED)), cfg)
+    spread = noise_spread(replayer, global_of, global_opt, search.bounds, free, np.zeros(len(FITTED)), cfg).spread
     intervals = search.named(interval(global_opt, search.bounds, free, resamples, np.zeros(len(FITTED)), spread))
     weak: tuple[str, ...] = ()
     if cfg.joint_steps:
         joint_prior, every = joint_search.prior_weights(replayer, cfg, noise), np.ones(len(joint_search.bounds), bool)
         joint_opt = joint_optimum(replayer, joint_search, cfg, noise)
-        fitted = joint_search.params(joint_opt.x)
-        spread = noise_spread(replayer, joint_search.params, joint_opt, joint_search.bounds, every, joint_prior, cfg)
-        box = interval(joint_opt, joint_search.bounds, every, resamples, joint_prior, spread)
+        start = noise_spread(replayer, joint_search.params, joint_opt, joint_search.bounds, every, joint_prior, cfg)
+        x, box = debiased(joint_opt.x, interval(joint_opt, joint_search.bounds, every, resamples, joint_prior,
+                                                start.spread), every, start.bias, joint_search.bounds)
+        fitted = joint_search.params(x)
         flags = prior_dominated(joint_opt, every, joint_prior)
-        intervals |= joint_search.named(prior_width(box, joint_opt.x, flags, joint_search.bounds, cfg.prior_width))
+        intervals |= joint_search.named(prior_width(box, x, flags, joint_search.bounds, cfg.prior_width))
         weak = tuple(n for flag, names in zip(flags, joint_search.coordinate_names()) if flag for n in names)
         if weak:
             log.warning("%s twin: the logs pin %s less than the prior around the global fit does; their intervals "

@@ -44,8 +44,9 @@ class CalibrateConfig(BaseModel):
     misfit_ratio: float = Field(2.0, gt=1, description="Replay error over the noise floor above which the twin "
                                                        "reports a misfit.")
     bootstrap: int = Field(400, ge=20, description="Episode resamples of the bootstrap intervals.")
-    start_draws: int = Field(8, ge=2, description="Noise draws on the replays' start states whose refits measure "
-                                                   "what that noise does to the fit (intervals.start_spread).")
+    start_draws: int = Field(32, ge=2, description="Noise draws on the replays' start states whose refits measure "
+                                                   "what that noise does to the fit: its spread, and in the per-joint "
+                                                   "fit its bias (intervals.start_spread).")
     start_smoothing: Optional[SmoothingWindow] = Field(None, description="Window (samples, odd) of the quadratic "
                                            "Savitzky-Golay filter over the logged joint states a replay starts from; "
                                            "1: raw; default: the task's (`start_smoothing`: 5 for the quadruped).")

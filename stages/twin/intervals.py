@@ -16,7 +16,9 @@ episode-bootstrap intervals of ±0.03% and ±0.2%; replays from the noise-free s
 ``start_spread`` measures it by a parametric bootstrap: the fitted twin's own replays from the logged starts stand in
 for the logs, the starts get fresh noise, and each draw is refitted by Gauss-Newton steps on its own replays with the
 optimum's Jacobian held (the chord method: one replay a step, not a Jacobian's 2·d + 1); the RMS of the draws' offsets
-from the noise-free refit (any bias included) widens the interval, in quadrature (``interval``).
+from the noise-free refit (any bias included) widens the interval, in quadrature (``interval``), and in the per-joint
+fit their mean, where significant, is subtracted from the estimate and its interval (``debiased``): on the per-joint
+reacher (5 min of logs) it took joint 1's friction from 0.079 to 0.062 N m (truth 0.06).
 """
 
 from __future__ import annotations
@@ -33,9 +35,10 @@ STEP = 0.02
 """Central-difference step in search units (2% on a log-scale)."""
 POLISH = 8
 """Levenberg-Marquardt trial steps on all the data before the bootstrap: CMA-ES's mean may stop short of the optimum."""
-CHORD = 3
+CHORD = 1
 """Chord steps of each start-noise refit (``start_spread``): a draw's optimum lies about an interval's width from the
-fit's, where the fit's Jacobian still holds."""
+fit's, where the fit's Jacobian still holds; on the per-joint reacher 32 draws' mean offsets after one step and after
+three agreed within 3% (joint 1's friction 0.0083 and 0.0085 units)."""
 DAMPING = 1e-3
 """Levenberg-Marquardt's first damping: steps nearly Gauss-Newton, shortened tenfold after each rejected one."""
 MIN_EPISODES = 10
@@ -140,32 +143,57 @@ def polish(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.nda
     return Optimum(x, r0, jac)
 
 
-def chord(residuals: Residuals, optimum: Optimum, bounds: np.ndarray, free: np.ndarray, prior: np.ndarray) -> np.ndarray:
-    """The least-squares fit of ``residuals`` near ``optimum`` by ``CHORD`` Gauss-Newton steps with the optimum's
-    Jacobian held, one replay each; a step that does not lower the objective ends it."""
-    x, every = optimum.x, np.ones((1, optimum.residuals.shape[0]))
-    r = residuals([x])[0]
+def chord(residuals: Residuals, optimum: Optimum, count: int, bounds: np.ndarray, free: np.ndarray,
+          prior: np.ndarray) -> np.ndarray:
+    """(count, d) least-squares fits of ``count`` problems near ``optimum`` by ``CHORD`` Gauss-Newton steps each with
+    the optimum's Jacobian held; ``residuals`` replays point i on problem i, all in one call a step, and a step that
+    does not lower a problem's objective is not taken."""
+    x, every = np.tile(optimum.x, (count, 1)), np.ones((1, optimum.residuals.shape[0]))
+    r = residuals(list(x))
     for _ in range(CHORD):
-        step = steps(r, optimum.jacobian, x, free, every, prior)[0]
-        if not np.isfinite(step).all():
-            break
         trial = x.copy()
-        trial[free] = np.clip(x[free] + step, *bounds[free].T)
-        r_trial = residuals([trial])[0]
-        if score(r_trial, trial, prior) >= score(r, x, prior):
-            break
-        x, r = trial, r_trial
+        for i in range(count):
+            step = steps(r[i], optimum.jacobian, x[i], free, every, prior)[0]
+            if np.isfinite(step).all():
+                trial[i, free] = np.clip(x[i, free] + step, *bounds[free].T)
+        r_trial = residuals(list(trial))
+        better = np.array([score(r_trial[i], trial[i], prior) < score(r[i], x[i], prior) for i in range(count)])
+        x[better], r[better] = trial[better], r_trial[better]
     return x
 
 
-def start_spread(clean: Residuals, noisy: list[Residuals], optimum: Optimum, bounds: np.ndarray, free: np.ndarray,
-                 prior: np.ndarray) -> np.ndarray:
-    """(k,) RMS over the ``noisy`` replays (the fitted twin's own replays as targets, its starts with fresh noise) of
-    the free coordinates' refit (``chord`` from ``optimum``) less the refit on ``clean`` (the same without the noise),
-    × t over z for as many draws (``t_quantile``): an RMS of few draws is itself uncertain."""
-    centre = chord(clean, optimum, bounds, free, prior)[free]
-    offsets = np.stack([chord(r, optimum, bounds, free, prior)[free] for r in noisy]) - centre
-    return t_quantile(len(noisy)) / Z * np.sqrt((offsets**2).mean(axis=0))
+@dataclass(frozen=True)
+class StartNoise:
+    """What noise on the replays' start states does to the fit, per free coordinate: ``spread``, the RMS of the draws'
+    offsets × t over z for as many draws (``t_quantile``: an RMS of few draws is itself uncertain), and ``bias``, their
+    mean where it lies beyond two standard errors of it, else 0."""
+
+    spread: np.ndarray
+    bias: np.ndarray
+
+
+def start_spread(residuals: Residuals, draws: int, optimum: Optimum, bounds: np.ndarray, free: np.ndarray,
+                 prior: np.ndarray) -> StartNoise:
+    """The offsets of the free coordinates' refits (``chord`` from ``optimum``) on ``draws`` noisy problems (the fitted
+    twin's own replays as targets, its starts with fresh noise) from the refit on the clean one (the same without the
+    noise): ``residuals`` replays point 0 on the clean problem, point i on draw i."""
+    fits = chord(residuals, optimum, draws + 1, bounds, free, prior)[:, free]
+    offsets = fits[1:] - fits[0]
+    mean, error = offsets.mean(axis=0), offsets.std(axis=0, ddof=1) / np.sqrt(draws)
+    return StartNoise(spread=t_quantile(draws) / Z * np.sqrt((offsets**2).mean(axis=0)),
+                      bias=np.where(np.abs(mean) > 2 * error, mean, 0.0))
+
+
+def debiased(x: np.ndarray, box: np.ndarray, free: np.ndarray, bias: np.ndarray,
+             bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and its interval ``box`` (d, 2) less the start noise's ``bias`` on the free coordinates (the bootstrap's
+    bias correction), within the bounds and the estimate within its interval."""
+    index = np.flatnonzero(free)
+    x, box = x.copy(), box.copy()
+    x[index] = np.clip(x[index] - bias, *bounds[index].T)
+    box[index] = np.clip(box[index] - bias[:, None], bounds[index, :1], bounds[index, 1:])
+    box[index, 0], box[index, 1] = np.minimum(box[index, 0], x[index]), np.maximum(box[index, 1], x[index])
+    return x, box
 
 
 def interval(optimum: Optimum, bounds: np.ndarray, free: np.ndarray, resamples: Resamples,

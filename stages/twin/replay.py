@@ -43,6 +43,14 @@ class Windows(BaseModel):
         return smoothing_noise(self.smoothing)
 
 
+def thinned(win: Windows, count: int) -> Windows:
+    """Every k-th window of ``win``, k the largest that leaves at least ``count`` (all of them when there are fewer
+    than 2 × ``count``)."""
+    k = max(1, len(win.start) // count)
+    return win.model_copy(update={"start": win.start[::k], "control": win.control[:, ::k], "target": win.target[::k],
+                                  "episode": win.episode[::k], "sensor_target": win.sensor_target[::k]})
+
+
 SMOOTHING_ORDER = 2
 
 
@@ -146,7 +154,8 @@ class Replayer:
 
     def rollout(self, candidates: list[PhysicalParams], start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Replayed joint positions (C, W, T, nq) and sensor readings at the control ticks (C, W, T, nsensordata) of
-        each candidate (uses its ``latency_steps``), from the windows' start states or ``start``."""
+        each candidate (uses its ``latency_steps``), from the windows' start states or ``start``: (W, nstate) for
+        every candidate, or (C, W, nstate), one set per candidate."""
         task, n = self.task, len(self.win.start)
         start = self.win.start if start is None else start
         models = [apply_params(copy.deepcopy(task.model), task.model, p, task.mass_mask) for p in candidates]
@@ -154,8 +163,9 @@ class Replayer:
         nstep = control.shape[1]
         state = np.empty((len(control), nstep, self.win.start.shape[1]))
         sensors = np.empty((len(control), nstep, task.model.nsensordata))
-        self.pool.rollout([m for m in models for _ in range(n)], self.datas, np.tile(start, (len(models), 1)),
-                          control, nstep=nstep, skip_checks=True, state=state, sensordata=sensors)
+        initial = np.tile(start, (len(models), 1)) if start.ndim == 2 else start.reshape(-1, start.shape[-1])
+        self.pool.rollout([m for m in models for _ in range(n)], self.datas, initial, control, nstep=nstep,
+                          skip_checks=True, state=state, sensordata=sensors)
         tick = slice(task.decimation - 1, None, task.decimation)
         qpos, sensors = state[:, tick, 1 : 1 + task.model.nq], sensors[:, tick]
         return (qpos.reshape(len(models), n, *qpos.shape[1:]), sensors.reshape(len(models), n, *sensors.shape[1:]))
@@ -164,10 +174,11 @@ class Replayer:
         """Replayed joint positions of each candidate, from the windows' start states or ``start``: (C, W, T, nq)."""
         return self.rollout(candidates, start)[0]
 
-    def residuals(self, candidates: list[PhysicalParams]) -> np.ndarray:
-        """Replayed minus logged positions of the task's replayed joints, then the weighted replayed minus logged
-        readings of the residual's sensors, per candidate and window: (C, W, T·width)."""
-        qpos, sensors = self.rollout(candidates)
+    def residuals(self, candidates: list[PhysicalParams], start: np.ndarray | None = None) -> np.ndarray:
+        """Replayed (from the windows' start states or ``start``, as in ``rollout``) minus logged positions of the task's replayed joints,
+        then the weighted replayed minus logged readings of the residual's sensors, per candidate and window:
+        (C, W, T·width)."""
+        qpos, sensors = self.rollout(candidates, start)
         diff = (qpos - self.win.target)[..., self.joints]
         if len(self.win.sensor_index):
             weighted = (sensors[..., self.win.sensor_index] - self.win.sensor_target) * self.win.sensor_weight
