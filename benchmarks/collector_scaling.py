@@ -22,7 +22,9 @@ import torch
 
 from stages.process_sampler import ProcessSampler
 from stages.sim.registry import load
-from stages.train import RslRlEnv, TrainConfig, build_algorithm, make_env, torch_threads
+from stages.rsl_env import RslRlEnv, build_algorithm, make_env
+from stages.train import torch_threads
+from stages.train_config import TrainConfig
 
 
 def default_ks(cores: int) -> list[int]:

@@ -41,7 +41,10 @@ import torch
 from stages.export import ExportConfig, export
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
-from stages.train import RslRlEnv, Sampler, TrainConfig, build_algorithm, check_device, torch_threads, train
+from stages.rsl_env import RslRlEnv, build_algorithm
+from stages.samplers import Sampler
+from stages.train import check_device, torch_threads, train
+from stages.train_config import TrainConfig
 
 SIZES = {"preset (128×32, 64-64)": (128, 32, (64, 64)), "legged (4096×24, 512-256-128)": (4096, 24, (512, 256, 128))}
 PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")

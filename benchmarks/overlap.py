@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from stages.sim.registry import load
-from stages.train import TrainConfig, train
+from stages.train import train
+from stages.train_config import TrainConfig
 
 REACHER = dict(num_envs=64, steps_per_env=50, learning_rate=3e-3, gamma=0.9, entropy_coef=0.0, init_noise_std=0.3)
 

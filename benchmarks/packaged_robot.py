@@ -38,7 +38,8 @@ from tensordict import TensorDict  # noqa: E402
 from benchmarks.curve import Curve  # noqa: E402
 from stages.sim.env import BatchedEnv  # noqa: E402
 from stages.sim.registry import load  # noqa: E402
-from stages.train import TrainConfig, first_episodes, train  # noqa: E402
+from stages.train import first_episodes, train  # noqa: E402
+from stages.train_config import TrainConfig
 
 ROBOT = "examples.gym_pusher:PusherReach"
 TARGET_SUCCESS = 0.9

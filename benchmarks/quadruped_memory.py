@@ -38,7 +38,8 @@ def child(case: str, envs: int, steps: int, iterations: int) -> None:
             env.step(rng.uniform(-1, 1, (envs, task.act_dim)))
     else:
         from stages.sim.params import PhysicalParams
-        from stages.train import TrainConfig, train
+        from stages.train import train
+        from stages.train_config import TrainConfig
 
         with tempfile.TemporaryDirectory() as tmp:
             train(TrainConfig(task="quadruped", iterations=iterations, num_envs=envs, steps_per_env=24,

@@ -30,7 +30,9 @@ from mujoco import rollout
 from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
-from stages.train import RslRlEnv, TrainConfig, train
+from stages.rsl_env import RslRlEnv
+from stages.train import train
+from stages.train_config import TrainConfig
 
 REACHER = dict(task="reacher", num_envs=64, steps_per_env=50, learning_rate=3e-3, gamma=0.9, entropy_coef=0.0,
                init_noise_std=0.3, eval_every=0, seed=0)

@@ -53,12 +53,13 @@ import torch  # noqa: E402
 from mujoco import rollout  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 
-import stages.train  # noqa: E402
+import stages.rsl_env  # noqa: E402
 from benchmarks.curve import Curve  # noqa: E402
 from stages.sim.env import STATE_SPEC  # noqa: E402
 from stages.sim.params import PhysicalParams  # noqa: E402
 from stages.sim.registry import load  # noqa: E402
-from stages.train import TrainConfig, train  # noqa: E402
+from stages.train import train  # noqa: E402
+from stages.train_config import TrainConfig
 
 THRESHOLD = -6.0
 EVAL_EPISODES = 100
@@ -184,7 +185,7 @@ def breakdown(iterations: int = 30) -> None:
                 spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
         return wrapper
 
-    targets = [(rollout.Rollout, "rollout", "physics"), (stages.train.RslRlEnv, "step", "env"),
+    targets = [(rollout.Rollout, "rollout", "physics"), (stages.rsl_env.RslRlEnv, "step", "env"),
                (PPO, "act", "inference"), (PPO, "process_env_step", "storage"), (PPO, "compute_returns", "returns")]
     phase = {"collect": 0.0, "update": 0.0}
 

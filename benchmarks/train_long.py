@@ -24,7 +24,8 @@ from tensordict import TensorDict
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
 from stages.sim.task import Task
-from stages.train import EVAL_SEED, TrainConfig, load_actor, train
+from stages.train import EVAL_SEED, load_actor, train
+from stages.train_config import TrainConfig
 
 
 class Budget(Exception):

@@ -28,7 +28,10 @@ import torch
 
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
-from stages.train import RslRlEnv, Sampler, TrainConfig, build_algorithm, torch_threads, train
+from stages.rsl_env import RslRlEnv, build_algorithm
+from stages.samplers import Sampler
+from stages.train import torch_threads, train
+from stages.train_config import TrainConfig
 
 CFG = TrainConfig(task="reacher", num_envs=64, steps_per_env=32, gamma=0.9)
 

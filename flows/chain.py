@@ -22,7 +22,7 @@ from registry.tracking import RunContext, fail_orphans, log_metrics, start_pipel
 from stages.artifacts import Checkpoint, Dataset, TwinSpec, remove_partial
 from stages.export import ExportConfig
 from stages.sim.registry import load
-from stages.train import TrainConfig
+from stages.train_config import TrainConfig
 from stages.twin.calibration_config import CalibrateConfig
 from stages.sim.params import PhysicalParams
 from stages.twin.evaluate import Champion, EvalConfig, Shard, shard_jobs

@@ -17,7 +17,7 @@ from stages.twin.hil_stage import HilSettings
 
 
 class TrainSettings(BaseModel):
-    """PPO settings of a pipeline run (the rest of :class:`stages.train.TrainConfig` comes from the run itself)."""
+    """PPO settings of a pipeline run (the rest of :class:`stages.train_config.TrainConfig` comes from the run itself)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     steps_per_env: int = Field(32, ge=2, description="Rollout length per environment per iteration.")

@@ -34,7 +34,8 @@ from stages.export import ExportConfig, export
 from stages.package import PackageConfig, manifest_for, package
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import reference as task_reference
-from stages.train import TrainConfig, train
+from stages.train import train
+from stages.train_config import TrainConfig
 from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.evaluate import Champion, EvalConfig, Shard, ShardJob, evaluate, run_shard
 from stages.twin.hil_evaluate import HilReport

@@ -29,7 +29,8 @@ from flows.tune_log import MlflowTrials
 from flows.workspace import Workspace
 from registry.tracking import finish_pipeline, start_pipeline
 from stages.sim.registry import load
-from stages.train import NonFiniteTraining, TrainConfig
+from stages.train import NonFiniteTraining
+from stages.train_config import TrainConfig
 from stages.tune import (TrialHandle, TrialLog, TuneConfig, TuneResult, make_study, result_of, run_trial, suggest,
                          study_storage, summarize, write_preset)
 

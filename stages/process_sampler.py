@@ -4,7 +4,7 @@ the learner's update without sharing its GIL.
 Each child owns its own :class:`BatchedEnv` and an acting PPO copy on the CPU. Each rollout, with its returns and
 advantages, lands in shared-memory tensors the learner copies into ``alg.storage``; the weights travel the other
 way through shared tensors. The pipe carries only the handshake and the finished episodes' statistics. Policy lag
-is one update, as with the thread (:class:`stages.train.OverlappedSampler`): while the learner updates on rollout
+is one update, as with the thread (:class:`stages.samplers.OverlappedSampler`): while the learner updates on rollout
 k, the children collect k+1 with the weights from before that update. Neither a child's environment nor its
 pending rollout is checkpointed, so :func:`stages.train.train` refuses ``resume`` and ``checkpoint_every`` with
 this collector. Spawning re-imports the main module: a script that trains with it needs the
@@ -36,10 +36,12 @@ import torch.multiprocessing as mp
 from rsl_rl.algorithms import PPO
 from rsl_rl.storage import RolloutStorage
 
+from stages.rsl_env import FinishedEpisodes, RslRlEnv, build_algorithm, make_env
+from stages.samplers import Collected, Sampler
 from stages.sim.env import NonFiniteTerm
 from stages.sim.params import PhysicalParams
 from stages.sim.task import Task
-from stages.train import Collected, FinishedEpisodes, RslRlEnv, Sampler, TrainConfig, build_algorithm, make_env
+from stages.train_config import TrainConfig
 
 Weights = dict[str, dict[str, torch.Tensor]]
 """``{"actor": state_dict, "critic": state_dict}`` in shared memory."""

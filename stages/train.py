@@ -1,6 +1,7 @@
 """PPO training with rsl_rl's algorithm on the batched MuJoCo environment.
 
-The loop mirrors rsl_rl's ``OnPolicyRunner.learn`` but reports per-iteration metrics
+The settings are ``train_config``, the environment and PPO ``rsl_env``, who collects ``samplers``. The loop mirrors
+rsl_rl's ``OnPolicyRunner.learn`` but reports per-iteration metrics
 through a callback, so MLflow and the console stay at the edges. Checkpoints use
 rsl_rl's format (``actor_state_dict`` incl. the observation normalizer, ``critic_state_dict``,
 ``optimizer_state_dict``, ``iter``, ``infos``), so ``OnPolicyRunner.load`` reads them too.
@@ -11,209 +12,31 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Literal, Optional
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rsl_rl.algorithms import PPO
-from rsl_rl.env import VecEnv
 from tensordict import TensorDict
 
 from edge.bundle import sha256_path
 from stages.artifacts import Checkpoint, atomic_dir
-from stages.sim.disturbance import Disturbance
+from stages.process_sampler import ProcessSampler
+from stages.rsl_env import RslRlEnv, build_algorithm, make_env, rsl_rl_config
+from stages.samplers import OverlappedSampler, Sampler
 from stages.sim.env import BatchedEnv, NonFiniteTerm
-from stages.sim.params import PhysicalParams, Randomization
+from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.sim.task import Task
+from stages.train_config import RESUMABLE_CHANGES, TrainConfig
 
 IterationCallback = Callable[[int, dict[str, float]], None]
 
 
-class TrainConfig(BaseModel):
-    """PPO hyperparameters and the sample budget."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    task: str = Field("cartpole", description="Registered task name or module:Class.")
-    iterations: int = Field(30, ge=1, description="PPO iterations (rollout + update).")
-    num_envs: int = Field(128, ge=1, description="Parallel simulated environments.")
-    steps_per_env: int = Field(32, ge=2, description="Rollout length per environment per iteration.")
-    hidden_dims: tuple[int, ...] = Field((64, 64), description="Actor and critic MLP widths.")
-    learning_rate: float = Field(1e-3, gt=0)
-    entropy_coef: float = Field(0.005, ge=0)
-    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE λ.")
-    init_noise_std: float = Field(0.6, gt=0, description="Initial std of the Gaussian action noise (normalized units).")
-    desired_kl: float = Field(0.01, gt=0, description="Target KL of the adaptive learning-rate schedule.")
-    seed: int = Field(0, description="Seeds torch, the environments and the randomization.")
-    nthread: int = Field(2, ge=1, description="Physics threads.")
-    torch_threads: int = Field(1, ge=1, description="Torch threads for the policy and the PPO update while training: "
-                               "the networks are small: one thread matched two on a quiet 2-core machine and was 4× faster "
-                               "per update beside a busy one (benchmarks/update_threads.py).")
-    eval_every: int = Field(0, ge=0, description="Deterministic evaluation every N iterations (0: never).")
-    eval_episodes: int = Field(16, ge=1, description="Episodes per deterministic evaluation (fixed seeds).")
-    target_return: Optional[float] = Field(None, description="Stop once a deterministic evaluation reaches this return.")
-    minutes: Optional[float] = Field(None, gt=0, description="Wall-clock training budget: the last iteration is the one "
-                                                             "after which another would end past it (iterations stays "
-                                                             "the cap).")
-    checkpoint_every: int = Field(0, ge=0, description="Also write the checkpoint every N iterations (0: at the end).")
-    disturbance: Disturbance = Field(default_factory=Disturbance, description="Pushes, sensor bias and initial-state "
-                                     "spread during training (e.g. base pushes for a legged robot); none by default.")
-    randomization: Optional[Randomization] = Field(None, description="Training's randomization ranges in place of "
-                                                   "the task's (``Task.randomization``), e.g. ``latency_steps: 1`` "
-                                                   "for a policy that must ride out one more step of delay; still "
-                                                   "widened to ``twin_intervals``. None: the task's.")
-    twin_intervals: dict[str, tuple[float, float]] = Field(default_factory=dict, description="The twin's 95% "
-                                                           "intervals (``TwinSpec.intervals``' keys): training "
-                                                           "randomizes over each, widened by the task's own ranges "
-                                                           "(``Randomization.around``). Empty: the task's ranges.")
-    overlap: bool = Field(False, description="Collect the next rollout while the update runs (one policy lag; "
-                                             "not bit-reproducible): collector='thread' by its older name. See "
-                                             "benchmarks/overlap.py for when it pays.")
-    collector: Literal["sequential", "thread", "process"] = Field("sequential", description="Who collects the "
-                                                                  "rollouts: `sequential` before each update (the "
-                                                                  "reproducible default); `thread` or `process` the "
-                                                                  "next one during the update, with the policy one "
-                                                                  "update old (`process`: in a child process, no "
-                                                                  "resume or periodic checkpoints).")
-    collector_processes: int = Field(1, ge=1, description="With collector='process': how many child processes "
-                                     "collect each rollout, each stepping its contiguous slice of num_envs/K "
-                                     "environments (seeded seed + slice index; stages/process_sampler.py, "
-                                     "benchmarks/collector_scaling.py). Must divide num_envs.")
-    backend: Literal["mujoco", "warp"] = Field("mujoco", description="Physics of the training environments: "
-                                               "`mujoco` (C MuJoCo, `mujoco.rollout`) or `warp` (MuJoCo Warp on its "
-                                               "CPU device, the `warp` extra; slower than C MuJoCo on a CPU, see "
-                                               "benchmarks/warp_throughput.py). Evaluation stays on C MuJoCo.")
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?)$", description="Torch device of the networks, the "
-                        "rollout storage and the update (`cpu`, `cuda`, `cuda:N`); the physics stays on the CPU. "
-                        "Checkpoints load on the CPU wherever they were trained (benchmarks/gpu_check.py).")
-
-    @model_validator(mode="after")
-    def _one_collector(self) -> "TrainConfig":
-        if self.overlap and self.collector == "process":
-            raise ValueError("overlap=True means collector='thread'; give collector alone")
-        if self.collector_processes > 1 and self.collector != "process":
-            raise ValueError(f"collector_processes={self.collector_processes} needs collector='process' "
-                             f"(got collector={self.collector!r}{' with overlap=True' if self.overlap else ''})")
-        if self.num_envs % self.collector_processes:
-            raise ValueError(f"collector_processes={self.collector_processes} must divide num_envs={self.num_envs}: "
-                             "each process steps an equal slice of at least one environment")
-        return self
-
-
-RESUMABLE_CHANGES = frozenset({"iterations", "eval_every", "eval_episodes", "target_return", "checkpoint_every",
-                               "nthread", "minutes", "device"})
-"""Config fields a resumed run may change; any other difference would make it a different run."""
-
-
 class NonFiniteTraining(RuntimeError):
     """Training produced NaN/Inf; the last good checkpoint (before the failing iteration) is written."""
-
-
-@dataclass
-class FinishedEpisodes:
-    """The episodes that ended since the last :meth:`take`: each one's return, success and length."""
-
-    returns: list[float] = field(default_factory=list)
-    success: list[bool] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-
-    def add(self, more: FinishedEpisodes) -> None:
-        self.returns += more.returns
-        self.success += more.success
-        self.lengths += more.lengths
-
-    def take(self) -> FinishedEpisodes:
-        """These episodes, leaving none."""
-        taken = FinishedEpisodes(self.returns, self.success, self.lengths)
-        self.returns, self.success, self.lengths = [], [], []
-        return taken
-
-
-class RslRlEnv(VecEnv):
-    """rsl_rl's VecEnv interface over :class:`BatchedEnv` (numpy in, torch out on ``device``)."""
-
-    def __init__(self, env: BatchedEnv, device: str = "cpu") -> None:
-        self.env = env
-        self.num_envs = env.num_envs
-        self.num_actions = env.task.act_dim
-        self.max_episode_length = env.task.episode_steps
-        self.device = device
-        self.episode_length_buf = torch.zeros(env.num_envs, dtype=torch.long, device=device)
-        self.cfg = {"task": env.task.name}
-        self._obs = env.observe()
-        self._privileged = env.privileged() if env.task.privileged else None
-        self.finished = FinishedEpisodes()
-
-    def snapshot(self) -> dict:
-        return {"env": self.env.snapshot(), "obs": self._obs.copy()}
-
-    def restore(self, snap: dict) -> None:
-        self.env.restore(snap["env"])
-        self._obs = snap["obs"].copy()
-        self._privileged = self.env.privileged() if self.env.task.privileged else None
-        self.episode_length_buf = self._tensor(self.env.episode_step.copy())
-
-    def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device)
-
-    def get_observations(self) -> TensorDict:
-        """``policy``: what the actor (and the device) sees; ``privileged``: the critic's simulator-only terms."""
-        groups = {"policy": self._tensor(self._obs)}
-        if self._privileged is not None:
-            groups["privileged"] = self._tensor(self._privileged)
-        return TensorDict(groups, batch_size=[self.num_envs], device=self.device)
-
-    def step(self, actions: torch.Tensor):
-        r = self.env.step(actions.cpu().numpy())
-        self._obs = r.obs
-        if self._privileged is not None:
-            self._privileged = self.env.privileged()
-        self.finished.add(FinishedEpisodes(r.finished_returns.tolist(), r.finished_success.tolist(),
-                                           r.finished_lengths.tolist()))
-        self.episode_length_buf = self._tensor(self.env.episode_step)
-        dones = self._tensor(r.terminated | r.truncated).long()
-        extras = {"time_outs": self._tensor(r.truncated).float()}
-        return self.get_observations(), self._tensor(r.reward), dones, extras
-
-
-def rsl_rl_config(cfg: TrainConfig, privileged: bool = False) -> dict:
-    """The rsl_rl training config dict for ``cfg``; with ``privileged`` terms the critic also sees them (asymmetric
-    actor-critic), the actor never."""
-    model = {"class_name": "MLPModel", "hidden_dims": list(cfg.hidden_dims), "activation": "elu", "obs_normalization": True}
-    return {
-        "num_steps_per_env": cfg.steps_per_env,
-        "obs_groups": {"actor": ["policy"], "critic": ["policy", "privileged"] if privileged else ["policy"]},
-        "actor": {**model, "distribution_cfg": {"class_name": "GaussianDistribution", "init_std": cfg.init_noise_std}},
-        "critic": model,
-        "algorithm": {
-            "class_name": "PPO",
-            "learning_rate": cfg.learning_rate,
-            "num_learning_epochs": 5,
-            "num_mini_batches": 4,
-            "entropy_coef": cfg.entropy_coef,
-            "gamma": cfg.gamma,
-            "lam": cfg.gae_lambda,
-            "desired_kl": cfg.desired_kl,
-            "schedule": "adaptive",
-        },
-        "multi_gpu": None,
-    }
-
-
-def build_algorithm(cfg: TrainConfig, vec_env: RslRlEnv) -> PPO:
-    """Construct rsl_rl's PPO (actor, critic, storage) for ``vec_env``, its Adam fused (one kernel per step for all
-    parameters instead of several per tensor; see benchmarks/update_threads.py)."""
-    alg = PPO.construct_algorithm(vec_env.get_observations(), vec_env,
-                                  rsl_rl_config(cfg, bool(vec_env.env.task.privileged)), vec_env.device)
-    alg.optimizer = torch.optim.Adam([p for g in alg.optimizer.param_groups for p in g["params"]],
-                                     lr=cfg.learning_rate, fused=True)
-    return alg
 
 
 def check_device(device: str) -> None:
@@ -237,13 +60,6 @@ def torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def make_env(cfg: TrainConfig, task: Task, twin: PhysicalParams) -> BatchedEnv:
-    """The training environments: ``cfg.num_envs`` seeded copies of ``task`` randomized around ``twin``."""
-    ranges = cfg.randomization or task.randomization
-    return BatchedEnv(task, cfg.num_envs, params=twin, randomization=ranges.around(twin, cfg.twin_intervals),
-                      seed=cfg.seed, nthread=cfg.nthread, disturbance=cfg.disturbance, backend=cfg.backend)
 
 
 EVAL_SEED = 7_000_000
@@ -275,92 +91,6 @@ def deterministic_return(actor: torch.nn.Module, task: Task, twin: PhysicalParam
 
     returns, _ = first_episodes(BatchedEnv(task, episodes, params=twin, seed=EVAL_SEED, nthread=nthread), policy)
     return float(returns.mean())
-
-
-@dataclass(frozen=True)
-class Collected:
-    seconds: float
-    """Wall time of collecting the rollout the update uses (overlapped: collected during the previous update)."""
-
-
-class Sampler:
-    """Collects each rollout into ``alg.storage`` right before its update."""
-
-    def __init__(self, alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig) -> None:
-        self.alg, self.vec_env, self.steps = alg, vec_env, cfg.steps_per_env
-
-    def _collect(self, acting: PPO) -> float:
-        start = time.perf_counter()
-        obs = self.vec_env.get_observations()
-        with torch.inference_mode():
-            for _ in range(self.steps):
-                actions = acting.act(obs)
-                obs, rewards, dones, extras = self.vec_env.step(actions)
-                acting.process_env_step(obs, rewards, dones, extras)
-            acting.compute_returns(obs)
-        return time.perf_counter() - start
-
-    @contextlib.contextmanager
-    def rollout(self, more: bool) -> Iterator[Collected]:
-        """On entry ``alg.storage`` holds a fresh on-policy rollout; the block runs the update."""
-        yield Collected(self._collect(self.alg))
-
-    def close(self) -> None:
-        """Release what collection holds (a thread or process); nothing here."""
-
-
-class OverlappedSampler(Sampler):
-    """Collects the next rollout with a copy of the current policy on a second thread while the update runs
-    (``collector='thread'``, or ``overlap=True``).
-
-    It pays only where both phases spend their time outside the GIL (physics in C, large networks or a GPU
-    update); with small MLPs on 2 cores each phase slows down by what it hides (benchmarks/overlap.py).
-    The update learns from data one policy old (PPO's clipped ratio against the stored log-probabilities
-    of the acting copy absorbs that); the two threads draw from torch's global RNG in a varying order, so
-    a run is not bit-reproducible."""
-
-    def __init__(self, alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig) -> None:
-        super().__init__(alg, vec_env, cfg)
-        self.acting = build_algorithm(cfg, vec_env)  # its own actor/critic copy and its own storage
-        self.acting.train_mode()
-        self.ready: Optional[float] = None  # seconds the rollout now in acting.storage took
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
-
-    def _sync(self) -> None:
-        self.acting.actor.load_state_dict(self.alg.actor.state_dict())
-        self.acting.critic.load_state_dict(self.alg.critic.state_dict())
-
-    def _background(self) -> None:
-        try:
-            self.ready = self._collect(self.acting)
-        except BaseException as e:  # re-raised on the training thread
-            self._error = e
-
-    def _join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    @contextlib.contextmanager
-    def rollout(self, more: bool) -> Iterator[Collected]:
-        if self.ready is None:  # the first rollout, or the one after an error: collect it now
-            self._sync()
-            self.ready = self._collect(self.acting)
-        collected = Collected(self.ready)
-        self.alg.storage, self.acting.storage = self.acting.storage, self.alg.storage
-        self.ready = None
-        self._sync()
-        if more:
-            self._thread = threading.Thread(target=self._background, name="sim2edge-rollout", daemon=True)
-            self._thread.start()
-        try:
-            yield collected
-        finally:
-            self._join()
 
 
 def train(
@@ -402,7 +132,6 @@ def train(
         last_return = -math.inf
         iterations = cfg.iterations
         if cfg.collector == "process":
-            from stages.process_sampler import ProcessSampler  # it imports this module
 
             sampler: Sampler = ProcessSampler(alg, vec_env, cfg, task, twin)
         else:

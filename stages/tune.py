@@ -1,4 +1,4 @@
-"""Hyperparameter search over :class:`stages.train.TrainConfig` with Optuna.
+"""Hyperparameter search over :class:`stages.train_config.TrainConfig` with Optuna.
 
 Each trial trains in the task's nominal twin with deterministic evaluation every ``eval_every`` iterations; the
 evaluations feed the pruner, and the trial's score is its last one. One trial is :func:`run_trial`: ``tune`` runs
@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import SQLAlchemyError
 
 from stages.sim.registry import load
-from stages.train import NonFiniteTraining, TrainConfig, deterministic_return, load_actor, train
+from stages.train import NonFiniteTraining, deterministic_return, load_actor, train
+from stages.train_config import TrainConfig
 
 TUNED = ("learning_rate", "entropy_coef", "gamma", "gae_lambda", "hidden_dims", "num_envs", "steps_per_env",
          "init_noise_std", "desired_kl")

@@ -17,7 +17,8 @@ from tensordict import TensorDict
 
 from stages.sim.env import BatchedEnv
 from stages.sim.registry import load
-from stages.train import TrainConfig, first_episodes, load_actor, train
+from stages.train import first_episodes, load_actor, train
+from stages.train_config import TrainConfig
 
 EPISODES = 32
 # task: (iterations, num_envs, steps_per_env, hidden, margin as a fraction of the random policy's |mean return|)

@@ -25,7 +25,8 @@ from stages.io_spec import IOSpec
 from stages.package import PackageConfig, build_manifest, package
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
-from stages.train import TrainConfig, train
+from stages.train import train
+from stages.train_config import TrainConfig
 from tests.bundles import linear_onnx
 from tests.conftest import run_cli
 

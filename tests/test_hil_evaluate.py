@@ -19,7 +19,8 @@ from stages.export import ExportConfig, export
 from stages.sim.cartpole import CartPole
 from stages.sim.params import Randomization
 from stages.sim.task import Metric
-from stages.train import TrainConfig, train
+from stages.train import train
+from stages.train_config import TrainConfig
 from stages.twin.hil_evaluate import HilGateConfig, HilSuiteConfig, hil_checks, hil_evaluate
 from stages.twin.report import write_hil
 from stages.twin.relay import Impairment, Relay

@@ -43,7 +43,8 @@ def runner_checkpoint(tmp_path_factory):
 
     from stages.sim.env import BatchedEnv
     from stages.sim.registry import load
-    from stages.train import RslRlEnv, TrainConfig, rsl_rl_config
+    from stages.rsl_env import RslRlEnv, rsl_rl_config
+    from stages.train_config import TrainConfig
 
     torch.manual_seed(0)
     cfg = TrainConfig(iterations=1, num_envs=4, steps_per_env=8, hidden_dims=(16, 16))

@@ -30,7 +30,8 @@ from stages.onnx_support import ONNXRUNTIMES, UnsupportedOnnx, check_onnx_suppor
 from stages.package import PackageConfig, build_manifest, package
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
-from stages.train import TrainConfig, train
+from stages.train import train
+from stages.train_config import TrainConfig
 from tests.test_edge_pythons import REPO, interpreter
 
 CARTPOLE = IOSpec.from_task(load("cartpole"))

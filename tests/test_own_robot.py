@@ -14,7 +14,8 @@ from stages.export import ExportConfig, export
 from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
-from stages.train import TrainConfig, train
+from stages.train import train
+from stages.train_config import TrainConfig
 from tests.conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,8 @@ import torch
 
 from stages.process_sampler import CollectorError
 from stages.sim.params import PhysicalParams
-from stages.train import NonFiniteTraining, TrainConfig, load_actor, train
+from stages.train import NonFiniteTraining, load_actor, train
+from stages.train_config import TrainConfig
 
 CFG = TrainConfig(iterations=15, num_envs=64, steps_per_env=32, collector="process")
 TWIN = PhysicalParams()
@@ -86,7 +87,7 @@ def test_two_collector_processes_fill_both_slices_and_train_cartpole(tmp_path):
     batch, every done in the rollout is a finished episode the learner sees, and no child outlives train."""
     from stages.process_sampler import ProcessSampler
     from stages.sim.registry import load
-    from stages.train import RslRlEnv, build_algorithm, make_env
+    from stages.rsl_env import RslRlEnv, build_algorithm, make_env
 
     cfg = TrainConfig(iterations=3, num_envs=16, steps_per_env=32, collector="process", collector_processes=2)
     task = load(cfg.task)

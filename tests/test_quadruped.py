@@ -18,7 +18,8 @@ from stages.sim.env import BatchedEnv
 from stages.sim.params import PhysicalParams
 from stages.sim.quadruped import JOINTS
 from stages.sim.registry import load
-from stages.train import TrainConfig, train
+from stages.train import train
+from stages.train_config import TrainConfig
 from stages.twin.evaluate import EvalConfig, evaluate
 from stages.twin.gate import GateConfig
 

@@ -13,7 +13,8 @@ from mlflow.tracking import MlflowClient
 from flows.params import SimToEdgeParams
 from stages.sim.cartpole import CartPole
 from stages.sim.params import PhysicalParams
-from stages.train import NonFiniteTraining, TrainConfig, load_actor, train
+from stages.train import NonFiniteTraining, load_actor, train
+from stages.train_config import TrainConfig
 
 PARAMS = SimToEdgeParams(iterations=4, num_envs=32, eval_episodes=8, seed=11)
 

@@ -13,7 +13,9 @@ from flows.params import SimToEdgeParams, TrainSettings
 from flows.run_config import RunConfigError, resolve
 from stages.sim.params import PhysicalParams, Randomization
 from stages.sim.registry import load
-from stages.train import TrainConfig, make_env, train
+from stages.rsl_env import make_env
+from stages.train import train
+from stages.train_config import TrainConfig
 from stages.twin.stats import wilson
 from tests.conftest import run_cli
 

@@ -124,7 +124,8 @@ def test_a_term_that_turns_nan_after_the_first_step_stops_training_naming_it(own
     """Registration sees finite initial states; the first NaN in a rollout stops training at iteration 0,
     naming the term, the env and the step, before NaN actions can make the physics unstable."""
     from stages.sim.params import PhysicalParams
-    from stages.train import NonFiniteTraining, TrainConfig, train
+    from stages.train import NonFiniteTraining, train
+    from stages.train_config import TrainConfig
 
     @dataclass(frozen=True)
     class NanWhenFast(CartPole):

@@ -11,7 +11,9 @@ from edge.runtime import OnnxRuntime
 from stages.export import ExportConfig, ParityError, export
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
-from stages.train import RslRlEnv, TrainConfig, deterministic_return, load_actor, rsl_rl_config, train
+from stages.rsl_env import RslRlEnv, rsl_rl_config
+from stages.train import deterministic_return, load_actor, train
+from stages.train_config import TrainConfig
 
 TINY = TrainConfig(iterations=2, num_envs=8, steps_per_env=8, hidden_dims=(16, 16))
 

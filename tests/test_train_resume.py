@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from stages.sim.params import PhysicalParams
-from stages.train import TrainConfig, train
+from stages.train import train
+from stages.train_config import TrainConfig
 
 CFG = TrainConfig(task="cartpole", iterations=4, num_envs=16, steps_per_env=16, hidden_dims=(16, 16), seed=3)
 TWIN = PhysicalParams()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from flows.run_config import resolve
-from stages.train import TrainConfig
+from stages.train_config import TrainConfig
 from flows.tune_flow import TuneParams, search, tune as tune_flow
 from stages.tune import TuneConfig, tune, write_preset
 

@@ -13,7 +13,7 @@ from stages.artifacts import TwinSpec
 from stages.sim import registry
 from stages.sim.env import BatchedEnv
 from stages.sim.params import MAX_SPREAD, PhysicalParams, Randomization, apply_params, sample_params_batch
-from stages.train import TrainConfig
+from stages.train_config import TrainConfig
 from stages.twin.twin_files import write_mjcf
 
 TWIN = PhysicalParams(damping=1.3, actuator_gain=0.9, friction=0.05, damping_by_joint={"joint0": 1.2})

@@ -63,7 +63,8 @@ def test_unknown_backend_is_refused() -> None:
 def test_training_runs_on_warp(tmp_path) -> None:
     """``TrainConfig.backend='warp'`` trains on Warp's physics (evaluation stays on C MuJoCo)."""
     pytest.importorskip("mujoco_warp", reason="MuJoCo Warp (mujoco_warp) is not installed: the `warp` extra")
-    from stages.train import TrainConfig, train
+    from stages.train import train
+    from stages.train_config import TrainConfig
 
     seen = []
     ckpt = train(TrainConfig(backend="warp", iterations=3, num_envs=16, steps_per_env=16, eval_every=3, eval_episodes=4),
