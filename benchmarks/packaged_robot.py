@@ -39,7 +39,7 @@ from benchmarks.curve import Curve  # noqa: E402
 from stages.sim.env import BatchedEnv  # noqa: E402
 from stages.sim.registry import load  # noqa: E402
 from stages.train import first_episodes, train  # noqa: E402
-from stages.train_config import TrainConfig
+from stages.train_config import TrainConfig  # noqa: E402
 
 ROBOT = "examples.gym_pusher:PusherReach"
 TARGET_SUCCESS = 0.9

@@ -59,7 +59,7 @@ from stages.sim.env import STATE_SPEC  # noqa: E402
 from stages.sim.params import PhysicalParams  # noqa: E402
 from stages.sim.registry import load  # noqa: E402
 from stages.train import train  # noqa: E402
-from stages.train_config import TrainConfig
+from stages.train_config import TrainConfig  # noqa: E402
 
 THRESHOLD = -6.0
 EVAL_EPISODES = 100

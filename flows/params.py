@@ -11,23 +11,29 @@ from stages.sim.disturbance import Disturbance
 from stages.sim.params import Randomization
 from stages.sim.registry import load, names
 from stages.artifacts import ScenarioResult
+from stages.train_config import TrainConfig
 from stages.twin.calibration_config import CalibrateConfig, SensorWeight, SmoothingWindow
 from stages.twin.gate import Check, GateConfig, check_metric_names
 from stages.twin.hil_stage import HilSettings
+
+
+def train_field(name: str):
+    """The field of :class:`TrainConfig` called ``name``: one default and one description for both models."""
+    return TrainConfig.model_fields[name]
 
 
 class TrainSettings(BaseModel):
     """PPO settings of a pipeline run (the rest of :class:`stages.train_config.TrainConfig` comes from the run itself)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    steps_per_env: int = Field(32, ge=2, description="Rollout length per environment per iteration.")
-    hidden_dims: tuple[int, ...] = Field((64, 64), min_length=1, description="Actor and critic MLP widths.")
-    learning_rate: float = Field(1e-3, gt=0)
-    entropy_coef: float = Field(0.005, ge=0)
-    gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE λ.")
-    init_noise_std: float = Field(0.6, gt=0, description="Initial std of the Gaussian action noise (normalized units).")
-    desired_kl: float = Field(0.01, gt=0, description="Target KL of the adaptive learning-rate schedule.")
+    steps_per_env: int = train_field("steps_per_env")
+    hidden_dims: tuple[int, ...] = train_field("hidden_dims")
+    learning_rate: float = train_field("learning_rate")
+    entropy_coef: float = train_field("entropy_coef")
+    gamma: float = train_field("gamma")
+    gae_lambda: float = train_field("gae_lambda")
+    init_noise_std: float = train_field("init_noise_std")
+    desired_kl: float = train_field("desired_kl")
     minutes: Optional[float] = Field(None, gt=0, description="Wall-clock training budget per seed; `iterations` stays "
                                                              "the cap.")
     randomization: Optional[Randomization] = Field(None, description="Randomization ranges in place of the task's, "

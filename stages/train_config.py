@@ -18,7 +18,7 @@ class TrainConfig(BaseModel):
     iterations: int = Field(30, ge=1, description="PPO iterations (rollout + update).")
     num_envs: int = Field(128, ge=1, description="Parallel simulated environments.")
     steps_per_env: int = Field(32, ge=2, description="Rollout length per environment per iteration.")
-    hidden_dims: tuple[int, ...] = Field((64, 64), description="Actor and critic MLP widths.")
+    hidden_dims: tuple[int, ...] = Field((64, 64), min_length=1, description="Actor and critic MLP widths.")
     learning_rate: float = Field(1e-3, gt=0)
     entropy_coef: float = Field(0.005, ge=0)
     gamma: float = Field(0.99, gt=0, le=1, description="Discount factor.")

@@ -14,7 +14,7 @@ from stages.sim.registry import load
 from stages.twin.search import FITTED
 from stages.twin.calibrate import CalibrateConfig, calibrate
 from stages.twin.twin_files import twin_from_file
-from stages.twin.intervals import Optimum, interval, polish, prior_dominated, resample
+from stages.twin.intervals import Optimum, debiased, interval, polish, prior_dominated, resample, start_spread
 
 CHEAP = CalibrateConfig(window=10, max_windows=36, generations=16, search_generations=4, max_latency=0,
                         joint_steps=0, bootstrap=200)
@@ -81,3 +81,26 @@ def test_a_coordinate_its_prior_pins_more_than_the_logs_is_named():
     optimum = Optimum(np.zeros(4), np.zeros((4, 5)), jac)
     flags = prior_dominated(optimum, np.array([True, True, True, False]), np.array([1e-4, 1e-4, 0.0, 1.0]))
     assert flags.tolist() == [False, True, False, False]
+
+
+def test_start_noise_refits_find_each_draws_optimum_and_its_mean_offset():
+    """Linear residuals r = (A x - b_i) per draw i: one chord step with the Jacobian A is each draw's least-squares
+    fit, so the offsets are the draws' own optima less the clean one's; a mean offset of 5 standard errors on
+    coordinate 0 is the bias, coordinate 1's draws average out and get none."""
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(30, 4, 2))
+    offsets = np.c_[rng.normal(0.05, 0.01, 32), rng.normal(0.0, 0.01, 32)]
+    targets = np.stack([np.einsum("wmk,k->wm", a, np.array([0.3, -0.2]) + o) for o in np.r_[[[0, 0]], offsets]])
+
+    def residuals(xs):
+        return np.stack([np.einsum("wmk,k->wm", a, x) - targets[i] for i, x in enumerate(xs)])
+
+    x = np.array([0.3, -0.2])
+    optimum = Optimum(x, residuals([x])[0], np.moveaxis(a, 2, 0))
+    bounds, free, prior = np.array([[-1.0, 1.0], [-1.0, 1.0]]), np.array([True, True]), np.zeros(2)
+    noise = start_spread(residuals, 32, optimum, bounds, free, prior)
+    assert noise.bias[0] == pytest.approx(offsets[:, 0].mean(), rel=1e-6) and noise.bias[1] == 0.0
+    assert noise.spread[0] > noise.spread[1] > 0.005
+    fixed, box = debiased(x, np.array([[0.2, 0.4], [-0.3, -0.1]]), free, noise.bias, bounds)
+    assert fixed[0] == pytest.approx(0.3 - noise.bias[0]) and fixed[1] == -0.2
+    np.testing.assert_allclose(box[0], [0.2 - noise.bias[0], 0.4 - noise.bias[0]])
