@@ -17,23 +17,24 @@ from stages.twin.gate import Check, GateConfig, check_metric_names
 from stages.twin.hil_stage import HilSettings
 
 
-def train_field(name: str):
-    """The field of :class:`TrainConfig` called ``name``: one default and one description for both models."""
-    return TrainConfig.model_fields[name]
+def field_of(model: type[BaseModel], name: str):
+    """The field of ``model`` called ``name``, for a settings model that exposes it: one default, one description and
+    one set of constraints for both."""
+    return model.model_fields[name]
 
 
 class TrainSettings(BaseModel):
     """PPO settings of a pipeline run (the rest of :class:`stages.train_config.TrainConfig` comes from the run itself)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    steps_per_env: int = train_field("steps_per_env")
-    hidden_dims: tuple[int, ...] = train_field("hidden_dims")
-    learning_rate: float = train_field("learning_rate")
-    entropy_coef: float = train_field("entropy_coef")
-    gamma: float = train_field("gamma")
-    gae_lambda: float = train_field("gae_lambda")
-    init_noise_std: float = train_field("init_noise_std")
-    desired_kl: float = train_field("desired_kl")
+    steps_per_env: int = field_of(TrainConfig, "steps_per_env")
+    hidden_dims: tuple[int, ...] = field_of(TrainConfig, "hidden_dims")
+    learning_rate: float = field_of(TrainConfig, "learning_rate")
+    entropy_coef: float = field_of(TrainConfig, "entropy_coef")
+    gamma: float = field_of(TrainConfig, "gamma")
+    gae_lambda: float = field_of(TrainConfig, "gae_lambda")
+    init_noise_std: float = field_of(TrainConfig, "init_noise_std")
+    desired_kl: float = field_of(TrainConfig, "desired_kl")
     minutes: Optional[float] = Field(None, gt=0, description="Wall-clock training budget per seed; `iterations` stays "
                                                              "the cap.")
     randomization: Optional[Randomization] = Field(None, description="Randomization ranges in place of the task's, "
@@ -46,26 +47,21 @@ class TrainSettings(BaseModel):
                     "bound 0.48 < 0.5).")
 
 
-def calibration_field(name: str):
-    """The field of :class:`CalibrateConfig` called ``name``: one default and one description for both models."""
-    return CalibrateConfig.model_fields[name]
-
-
 class CalibrateSettings(BaseModel):
     """Calibration settings of a pipeline run (the seed is the run's; see :class:`CalibrateConfig`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    window: int = calibration_field("window")
-    max_windows: int = calibration_field("max_windows")
-    generations: int = calibration_field("generations")
-    search_generations: int = calibration_field("search_generations")
-    max_latency: int = calibration_field("max_latency")
-    joint_steps: int = calibration_field("joint_steps")
-    joint_generations: int = calibration_field("joint_generations")
-    groups: dict[str, tuple[str, ...]] = calibration_field("groups")
-    bootstrap: int = calibration_field("bootstrap")
-    start_smoothing: Optional[SmoothingWindow] = calibration_field("start_smoothing")
-    sensors: dict[str, SensorWeight] = calibration_field("sensors")
+    window: int = field_of(CalibrateConfig, "window")
+    max_windows: int = field_of(CalibrateConfig, "max_windows")
+    generations: int = field_of(CalibrateConfig, "generations")
+    search_generations: int = field_of(CalibrateConfig, "search_generations")
+    max_latency: int = field_of(CalibrateConfig, "max_latency")
+    joint_steps: int = field_of(CalibrateConfig, "joint_steps")
+    joint_generations: int = field_of(CalibrateConfig, "joint_generations")
+    groups: dict[str, tuple[str, ...]] = field_of(CalibrateConfig, "groups")
+    bootstrap: int = field_of(CalibrateConfig, "bootstrap")
+    start_smoothing: Optional[SmoothingWindow] = field_of(CalibrateConfig, "start_smoothing")
+    sensors: dict[str, SensorWeight] = field_of(CalibrateConfig, "sensors")
 
 
 class PublishSettings(BaseModel):

@@ -48,10 +48,10 @@ from stages.twin.search import FITTED, JointSearch, Search, fit_global, fit_join
 from stages.twin.twin_files import plot_replay, write_mjcf
 
 PROBE = 1.1
+"""Sensitivity probe: each fitted parameter scaled by 1.1 and 1/1.1 (friction: at least 1% of the max effort)."""
 SCOUT_WINDOWS = 48
 """Windows (at least) the latency search replays, every k-th of them (``replay.thinned``): on all of the reacher's 192
 it was 256 of calibration's 956 replays."""
-"""Sensitivity probe: each fitted parameter scaled by 1.1 and 1/1.1 (friction: at least 1% of the max effort)."""
 log = logging.getLogger(__name__)
 
 

@@ -125,16 +125,15 @@ def polish(residuals: Residuals, x: np.ndarray, bounds: np.ndarray, free: np.nda
     """Levenberg-Marquardt on all windows from ``x`` (at most ``trials`` trial steps, each one replay; a Jacobian
     where a step is taken): the least-squares optimum near ``x``, the twin's point estimate and the centre of its
     bootstrap. CMA-ES's mean stops short of it along valleys, such as a joint's damping against its friction."""
-    objective = lambda r, v: score(r, v, prior)  # noqa: E731
     r0, jac = jacobian(residuals, x, bounds, free)
-    best, damping = objective(r0, x), DAMPING
+    best, damping = score(r0, x, prior), DAMPING
     for _ in range(trials):
         step = steps(r0, jac, x, free, np.ones((1, len(r0))), prior, damping)[0]
         if not np.isfinite(step).all():
             break
         trial = x.copy()
         trial[free] = np.clip(x[free] + step, *bounds[free].T)
-        trial_score = objective(residuals([trial])[0], trial)
+        trial_score = score(residuals([trial])[0], trial, prior)
         if trial_score < best:
             x, best, damping = trial, trial_score, damping / 10
             r0, jac = jacobian(residuals, x, bounds, free)

@@ -175,9 +175,9 @@ class Replayer:
         return self.rollout(candidates, start)[0]
 
     def residuals(self, candidates: list[PhysicalParams], start: np.ndarray | None = None) -> np.ndarray:
-        """Replayed (from the windows' start states or ``start``, as in ``rollout``) minus logged positions of the task's replayed joints,
-        then the weighted replayed minus logged readings of the residual's sensors, per candidate and window:
-        (C, W, T·width)."""
+        """Replayed (from the windows' start states or ``start``, as in ``rollout``) minus logged positions of the
+        task's replayed joints, then the weighted replayed minus logged readings of the residual's sensors, per
+        candidate and window: (C, W, T·width)."""
         qpos, sensors = self.rollout(candidates, start)
         diff = (qpos - self.win.target)[..., self.joints]
         if len(self.win.sensor_index):

@@ -110,6 +110,13 @@ class JointSearch:
                      [params.friction_by_joint[j[0]] / self.friction_unit for j in units],
                      [np.log(params.mass_by_body[b]) for b in self.bodies]]
 
+    def starts(self) -> list[np.ndarray]:
+        """The per-joint fits' starting points: ``start`` (the global fit's friction on every joint) and, where that
+        friction is not 0, the same with no friction."""
+        low = self.start.copy()
+        low[2 * len(self.units) : 3 * len(self.units)] = 0.0
+        return [self.start] if np.array_equal(low, self.start) else [self.start, low]
+
     def coordinate_names(self) -> list[tuple[str, ...]]:
         """Per search coordinate, the ``<field>.<name>`` parameters it sets (a group's joints share one)."""
         return ([tuple(f"damping_by_joint.{j}" for j in self.units[u]) for u in self.units]
@@ -152,17 +159,13 @@ def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, no
     in 4x the time. On 2 minutes of logs, though, the search stopped at a local minimum with joint 1's friction at 0
     and its damping 27% high, which only the CMA-ES race left: so calibration runs it where this fit leaves a misfit.
     """
-    prior, n = search.prior_weights(replayer, cfg, noise), len(search.units)
-    every = np.ones(len(search.bounds), bool)
+    prior, every = search.prior_weights(replayer, cfg, noise), np.ones(len(search.bounds), bool)
 
     def fit(x: np.ndarray, trials: int) -> Optimum:
         return polish(lambda xs: replayer.residuals([search.params(v) for v in xs]), x, search.bounds, every, prior,
                       trials)
 
-    low = search.start.copy()
-    low[2 * n : 3 * n] = 0.0
-    starts = [search.start] if np.array_equal(low, search.start) else [search.start, low]
-    racers = [fit(x, min(RACE, cfg.joint_steps)) for x in starts]
+    racers = [fit(x, min(RACE, cfg.joint_steps)) for x in search.starts()]
     best = min(racers, key=lambda o: score(o.residuals, o.x, prior))
     return fit(best.x, cfg.joint_steps - RACE) if cfg.joint_steps > RACE else best
 
@@ -172,20 +175,15 @@ def search_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig,
     around the global fit (``JointSearch.prior_weights``), for when ``fit_joints`` stops in a local minimum. Returns
     the search's mean, or the global fit's point where that scores better.
 
-    Two starts each run all the generations, and the better mean is kept: the global fit's friction on every joint
-    (``JointSearch.start``), and no friction. Why: a global fit that cannot represent per-joint damping makes friction
-    stand in for it (arm6's per-joint stand-in: 6.2 N m globally for truths of 0.34-0.67 N m), and from there the
-    search's steps of 0.2 units never came back down (it ended at 1.5-12 N m, its replay error 10x the truth's). On the
-    reacher (5 min of logs: 0.44 N m globally, truths 0.02 and 0.06 N m) joint 1's friction trades against its damping
-    along a narrow valley: from the global fit the search stalled at 0.24 N m, from no friction it reaches 0.08 N m
-    (polished), but after a quarter of the generations the first still scored better, so a race that short picked it.
+    Two starts (``JointSearch.starts``) each run all the generations, and the better mean is kept: from the global
+    fit's friction the search's steps of 0.2 units never came back down on arm6's per-joint stand-in (it ended at
+    1.5-12 N m, its replay error 10x the truth's), and on the reacher it stalled at 0.24 N m where no friction reaches
+    0.08 N m; a race over a quarter of the generations picked the stalled start.
     """
-    weight = search.prior_weights(replayer, cfg, noise)
-    dim, n = len(search.bounds), len(search.units)
+    weight, dim = search.prior_weights(replayer, cfg, noise), len(search.bounds)
 
     def scores(xs: list[np.ndarray]) -> list[float]:
-        errs = replayer.errors([search.params(x) for x in xs])
-        return [float(e**2 + weight @ x**2) for x, e in zip(xs, errs)]
+        return [score(r, x, weight) for x, r in zip(xs, replayer.residuals([search.params(x) for x in xs]))]
 
     def run(optimizer: CMA, generations: int) -> CMA:
         for _ in range(generations):
@@ -193,12 +191,9 @@ def search_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig,
             optimizer.tell(list(zip(xs, scores(xs))))
         return optimizer
 
-    low = search.start.copy()
-    low[2 * n : 3 * n] = 0.0
-    starts = [search.start] if np.array_equal(low, search.start) else [search.start, low]
     racers = [run(CMA(mean=x, sigma=min(0.2, cfg.prior_width), bounds=search.bounds, seed=cfg.seed,
                       population_size=max(cfg.population, 4 + int(3 * np.log(dim)))), cfg.joint_generations)
-              for x in starts]
+              for x in search.starts()]
     optimizer = racers[int(np.argmin(scores([o.mean for o in racers])))]
     mean, start = scores([optimizer.mean, search.start])
     return optimizer.mean if mean <= start else search.start
