@@ -5,10 +5,12 @@ Each child owns its own :class:`BatchedEnv` and an acting PPO copy on the CPU. E
 advantages, lands in shared-memory tensors the learner copies into ``alg.storage``; the weights travel the other
 way through shared tensors. The pipe carries only the handshake and the finished episodes' statistics. Policy lag
 is one update, as with the thread (:class:`stages.samplers.OverlappedSampler`): while the learner updates on rollout
-k, the children collect k+1 with the weights from before that update. Neither a child's environment nor its
-pending rollout is checkpointed, so :func:`stages.train.train` refuses ``resume`` and ``checkpoint_every`` with
-this collector. Spawning re-imports the main module: a script that trains with it needs the
-``if __name__ == "__main__":`` guard.
+k, the children collect k+1 with the weights from before that update. That lag is part of the run's state: each
+child sends, with its rollout, its state after it (environments, torch RNG), which is where its next rollout starts,
+and :meth:`ProcessSampler.state` is those snapshots with the weights the next rollout is (or will be) collected with.
+A checkpoint carries it, and :meth:`ProcessSampler.restore` puts the children back there, so a resumed run equals
+the uninterrupted one bit for bit (``tests/test_process_sampler.py``). Spawning re-imports the main module: a script
+that trains with it needs the ``if __name__ == "__main__":`` guard.
 
 ``TrainConfig.collector_processes`` = K > 1 splits the ``num_envs`` environments into K contiguous slices of
 ``num_envs / K``, one child each (each with ``cfg.nthread`` physics threads). Child i writes columns
@@ -66,8 +68,8 @@ def slice_config(cfg: TrainConfig, index: int) -> TrainConfig:
 
 
 def _child(conn: Connection, cfg: TrainConfig, task: Task, twin: PhysicalParams, weights: Weights) -> None:
-    """Collect a rollout with the published weights on each ``"collect"``; stop on anything else or a closed pipe.
-    ``cfg`` is this child's own (:func:`slice_config`)."""
+    """Collect a rollout with the published weights on each ``("collect",)``, restore a snapshot on
+    ``("restore", snapshot)``; stop on ``"stop"`` or a closed pipe. ``cfg`` is this child's (:func:`slice_config`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the learner, which stops this process
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)
@@ -76,7 +78,11 @@ def _child(conn: Connection, cfg: TrainConfig, task: Task, twin: PhysicalParams,
         acting = build_algorithm(cfg, vec_env)
         acting.train_mode()
         sampler, shared = Sampler(acting, vec_env, cfg), None
-        while conn.recv() == "collect":
+        while (command := conn.recv()) != "stop":
+            if command[0] == "restore":  # where an earlier run's rollout of this slice would have started
+                vec_env.restore(command[1]["env"])
+                torch.set_rng_state(command[1]["torch_rng"])
+                continue
             acting.actor.load_state_dict(weights["actor"])
             acting.critic.load_state_dict(weights["critic"])
             seconds = sampler._collect(acting)
@@ -88,7 +94,8 @@ def _child(conn: Connection, cfg: TrainConfig, task: Task, twin: PhysicalParams,
                 for k, v in rollout.items():
                     shared[k].copy_(v)
             acting.storage.clear()
-            conn.send(("done", seconds, shared if fresh else None, vec_env.finished.take()))
+            after = {"env": vec_env.snapshot(), "torch_rng": torch.get_rng_state()}  # where the next rollout starts
+            conn.send(("done", seconds, shared if fresh else None, vec_env.finished.take(), after))
     except EOFError:  # the learner is gone
         pass
     except BaseException as e:  # noqa: BLE001 -- every failure goes back to the learner, by name
@@ -111,6 +118,7 @@ class _Child:
         theirs.close()
         self.shared: dict[str, torch.Tensor] | None = None
         self.pending = False  # a rollout is being collected
+        self.snapshot: dict | None = None  # the child's state where its next rollout starts (None: as spawned)
 
     def message(self) -> tuple:
         """The pending rollout's message (waiting for it); CollectorError if the process died without one."""
@@ -163,13 +171,16 @@ class ProcessSampler(Sampler):
     def pending(self) -> bool:
         return any(c.pending for c in self.children)
 
-    def _request(self) -> None:
-        """Publish the learner's current weights and start the next rollout with them."""
+    def _publish(self) -> None:
+        """Make the learner's current weights the ones the next rollout is collected with."""
         for name, tensors in self.weights.items():
             for k, v in getattr(self.alg, name).state_dict().items():
                 tensors[k].copy_(v)
+
+    def _request(self) -> None:
+        """Start the next rollout with the published weights."""
         for child in self.children:
-            child.conn.send("collect")
+            child.conn.send(("collect",))
             child.pending = True
 
     def _receive(self) -> Collected:
@@ -188,7 +199,7 @@ class ProcessSampler(Sampler):
                     if name == NonFiniteTerm.__name__:
                         raise NonFiniteTerm(text)
                     raise CollectorError(f"{child.label} failed: {name}: {text}\n{trace}")
-                _, child_seconds, shared, child_finished = message
+                _, child_seconds, shared, child_finished, child.snapshot = message
                 child.shared = shared if shared is not None else child.shared
                 seconds = max(seconds, child_seconds)
                 finished.add(child_finished)
@@ -212,11 +223,30 @@ class ProcessSampler(Sampler):
     @contextlib.contextmanager
     def rollout(self, more: bool) -> Iterator[Collected]:
         if not self.pending:  # the first rollout
+            self._publish()
             self._request()
         collected = self._receive()
+        self._publish()  # the weights from before this update: one policy lag (and a checkpoint's, after the last)
         if more:
-            self._request()  # with the weights from before this update: one policy lag
+            self._request()
         yield collected
+
+    def state(self) -> dict:
+        """Where collection continues: the next rollout's weights and each child's state at its start."""
+        return {"weights": {name: {k: v.clone() for k, v in t.items()} for name, t in self.weights.items()},
+                "children": [child.snapshot for child in self.children]}
+
+    def restore(self, state: dict) -> None:
+        """Continue from :meth:`state` of a run with the same config: its weights published, each child put back
+        where its next rollout started, and that rollout requested."""
+        for name, tensors in self.weights.items():
+            for k, v in state["weights"][name].items():
+                tensors[k].copy_(v)
+        for child, snapshot in zip(self.children, state["children"], strict=True):
+            if snapshot is not None:
+                child.conn.send(("restore", snapshot))
+            child.snapshot = snapshot
+        self._request()
 
     def close(self) -> None:
         """Stop every child (see :meth:`_Child.close`); all are gone afterwards."""

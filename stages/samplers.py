@@ -44,6 +44,13 @@ class Sampler:
         """On entry ``alg.storage`` holds a fresh on-policy rollout; the block runs the update."""
         yield Collected(self._collect(self.alg))
 
+    def state(self) -> dict:
+        """What a checkpoint needs to continue collection exactly, beside the env's own snapshot: nothing here."""
+        return {}
+
+    def restore(self, state: dict) -> None:
+        """Continue from :meth:`state` of a run with the same config."""
+
     def close(self) -> None:
         """Release what collection holds (a thread or process); nothing here."""
 

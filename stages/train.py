@@ -108,17 +108,14 @@ def train(
     ``warm_start``: start from another checkpoint's actor and critic (fresh optimizer, iteration 0).
     ``resume``: continue a checkpoint of this same run (:data:`RESUMABLE_CHANGES` aside) from its
     iteration up to ``cfg.iterations``, with its optimizer, RNG and environment states: the result
-    equals an uninterrupted run's. Neither it nor ``cfg.checkpoint_every`` works with ``collector='process'``
-    (ValueError): the child's environment and its pending rollout are not part of the checkpoint.
+    equals an uninterrupted run's (with ``collector='process'`` too: the checkpoint holds where the children's
+    next rollout starts and the weights it is collected with).
     ``evaluate``: what scores the actor every ``eval_every`` iterations (default :func:`deterministic_return`),
     e.g. a benchmark's own fixed episodes. Torch runs on ``cfg.torch_threads`` threads meanwhile (a process-wide
     setting: concurrent trainings in one process each set it and put back what they found)."""
     with torch_threads(cfg.torch_threads):
         if warm_start is not None and resume is not None:
             raise ValueError("give warm_start or resume, not both")
-        if cfg.collector == "process" and (resume is not None or cfg.checkpoint_every):
-            raise ValueError("collector='process' cannot resume or write periodic checkpoints (its child's environment "
-                             "and pending rollout are not saved): use collector='sequential'")
         check_device(cfg.device)
         task = load(cfg.task)
         torch.manual_seed(cfg.seed)
@@ -127,19 +124,20 @@ def train(
         if warm_start is not None:
             alg.load(torch.load(warm_start, map_location=cfg.device, weights_only=False), {"actor": True, "critic": True},
                      strict=True)
-        first = _resume(alg, vec_env, cfg, twin, resume) if resume is not None else 0
+        first, collection = _resume(alg, vec_env, cfg, twin, resume) if resume is not None else (0, {})
         alg.train_mode()
         last_return = -math.inf
         iterations = cfg.iterations
         if cfg.collector == "process":
-
             sampler: Sampler = ProcessSampler(alg, vec_env, cfg, task, twin)
         else:
             sampler = (OverlappedSampler if cfg.overlap or cfg.collector == "thread" else Sampler)(alg, vec_env, cfg)
         with contextlib.closing(sampler):
+            if collection:
+                sampler.restore(collection)
             budget_end, iteration_s = time.perf_counter() + 60 * (cfg.minutes or math.inf), 0.0
             for it in range(first, cfg.iterations):
-                good = copy.deepcopy(_state(alg, vec_env, twin))  # after the last finite update (normalizer included)
+                good = copy.deepcopy(_state(alg, vec_env, twin, sampler))  # after the last finite update
                 start = began = time.perf_counter()
                 # the last one: another would end past the budget
                 final = it + 1 >= cfg.iterations or began + 2 * iteration_s > budget_end
@@ -186,20 +184,22 @@ def train(
                     iterations = it + 1
                     break
                 if cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0 and it + 1 < cfg.iterations:
-                    save_checkpoint(_state(alg, vec_env, twin), it + 1, cfg, out_dir, last_return)
-            return save_checkpoint(_state(alg, vec_env, twin), iterations, cfg, out_dir, last_return)
+                    save_checkpoint(_state(alg, vec_env, twin, sampler), it + 1, cfg, out_dir, last_return)
+            return save_checkpoint(_state(alg, vec_env, twin, sampler), iterations, cfg, out_dir, last_return)
 
 
-def _state(alg: PPO, vec_env: RslRlEnv, twin: PhysicalParams) -> dict:
+def _state(alg: PPO, vec_env: RslRlEnv, twin: PhysicalParams, sampler: Sampler) -> dict:
     """``PPO.save()`` (rsl_rl's keys) plus what an exact resume needs under ``resume``."""
     rng = {"torch_rng": torch.get_rng_state()}
     if vec_env.device != "cpu":
         rng["cuda_rng"] = torch.cuda.get_rng_state(vec_env.device)
-    return {**alg.save(), "resume": {**rng, "twin": twin.model_dump(), **vec_env.snapshot()}}
+    return {**alg.save(), "resume": {**rng, "twin": twin.model_dump(), **vec_env.snapshot(),
+                                     "collection": sampler.state()}}
 
 
-def _resume(alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig, twin: PhysicalParams, checkpoint: Path) -> int:
-    """Load a checkpoint of this run into ``alg`` and ``vec_env``; return the iteration to continue from."""
+def _resume(alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig, twin: PhysicalParams, checkpoint: Path) -> tuple[int, dict]:
+    """Load a checkpoint of this run into ``alg`` and ``vec_env``; return the iteration to continue from and the
+    collector's state (:meth:`stages.samplers.Sampler.state`)."""
     saved = torch.load(checkpoint, map_location=cfg.device, weights_only=False)
     if "resume" not in saved:
         raise ValueError(f"{checkpoint} holds no resume state (not written by sim2edge's train); warm-start from it")
@@ -218,7 +218,7 @@ def _resume(alg: PPO, vec_env: RslRlEnv, cfg: TrainConfig, twin: PhysicalParams,
     torch.set_rng_state(saved["resume"]["torch_rng"].cpu())
     if vec_env.device != "cpu" and "cuda_rng" in saved["resume"]:
         torch.cuda.set_rng_state(saved["resume"]["cuda_rng"].cpu(), vec_env.device)
-    return int(saved["iter"])
+    return int(saved["iter"]), saved["resume"].get("collection", {})
 
 
 def all_finite(alg: PPO) -> bool:

@@ -54,8 +54,8 @@ class TrainConfig(BaseModel):
                                                                   "rollouts: `sequential` before each update (the "
                                                                   "reproducible default); `thread` or `process` the "
                                                                   "next one during the update, with the policy one "
-                                                                  "update old (`process`: in a child process, no "
-                                                                  "resume or periodic checkpoints).")
+                                                                  "update old (`process`: in child processes; "
+                                                                  "its runs resume exactly too).")
     collector_processes: int = Field(1, ge=1, description="With collector='process': how many child processes "
                                      "collect each rollout, each stepping its contiguous slice of num_envs/K "
                                      "environments (seeded seed + slice index; stages/process_sampler.py, "

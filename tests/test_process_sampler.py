@@ -70,12 +70,33 @@ def test_a_dead_child_and_ctrl_c_stop_training_with_no_child_left(tmp_path):
     assert children() == []
 
 
-def test_resume_and_periodic_checkpoints_are_refused_and_overlap_still_means_the_thread(tmp_path):
-    with pytest.raises(ValueError, match="collector='process' cannot resume or write periodic checkpoints"):
-        train(CFG.model_copy(update={"checkpoint_every": 5}), TWIN, tmp_path / "c")
-    with pytest.raises(ValueError, match="collector='process' cannot resume"):
-        train(CFG, TWIN, tmp_path / "r", resume=tmp_path / "model.pt")
-    assert not (tmp_path / "c").exists() and not (tmp_path / "r").exists()
+def test_a_process_collected_run_resumes_exactly_from_a_periodic_or_a_final_checkpoint(tmp_path):
+    """The policy lag is part of the state: a run with two rollout processes, crashed after its periodic checkpoint
+    (children mid-rollout) or extended from its final one (children idle), continues bit for bit as the
+    uninterrupted run; the sequential run, one policy lag apart, differs."""
+    from tests.test_train_resume import CFG as SMALL, Crash, assert_same, crash_at, states
+
+    cfg = SMALL.model_copy(update={"collector": "process", "collector_processes": 2})
+    straight = train(cfg, TWIN, tmp_path / "straight")
+    crashed = cfg.model_copy(update={"checkpoint_every": 2})
+    with pytest.raises(Crash):
+        train(crashed, TWIN, tmp_path / "crashed", on_iteration=crash_at(2))
+    assert children() == []
+    seen: list[int] = []
+    resumed = train(crashed, TWIN, tmp_path / "resumed", on_iteration=lambda it, m: seen.append(it),
+                    resume=tmp_path / "crashed" / "model.pt")
+    assert seen == [2, 3] and resumed.iterations == straight.iterations == 4
+    assert_same(states(resumed.path), states(straight.path))
+    short = train(cfg.model_copy(update={"iterations": 2}), TWIN, tmp_path / "short")
+    extended = train(cfg, TWIN, tmp_path / "extended", resume=short.path)
+    assert_same(states(extended.path), states(straight.path))
+    assert children() == []
+    sequential = train(SMALL, TWIN, tmp_path / "sequential")
+    with pytest.raises(AssertionError):
+        assert_same(states(sequential.path), states(straight.path))  # the comparison can fail
+
+
+def test_overlap_still_means_the_thread():
     with pytest.raises(ValueError, match="overlap=True means collector='thread'"):
         TrainConfig(overlap=True, collector="process")
     old = {k: v for k, v in TrainConfig(overlap=True).model_dump(mode="json").items() if k != "collector"}
