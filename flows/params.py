@@ -35,6 +35,8 @@ class TrainSettings(BaseModel):
     gae_lambda: float = field_of(TrainConfig, "gae_lambda")
     init_noise_std: float = field_of(TrainConfig, "init_noise_std")
     desired_kl: float = field_of(TrainConfig, "desired_kl")
+    collector: Literal["sequential", "thread", "process"] = field_of(TrainConfig, "collector")
+    collector_processes: int = field_of(TrainConfig, "collector_processes")
     minutes: Optional[float] = Field(None, gt=0, description="Wall-clock training budget per seed; `iterations` stays "
                                                              "the cap.")
     randomization: Optional[Randomization] = Field(None, description="Randomization ranges in place of the task's, "
@@ -134,6 +136,14 @@ class PipelineParams(BaseModel):
         unread = load(self.task).unread_sensors(self.calibrate.sensors)
         if unread:
             raise ValueError(f"calibrate.sensors: {unread[0]}")
+        return self
+
+    @model_validator(mode="after")
+    def _collectors_split_the_envs(self) -> "PipelineParams":
+        k = self.train.collector_processes
+        if k > 1 and (self.train.collector != "process" or self.num_envs % k):
+            raise ValueError(f"train.collector_processes: {k} needs train.collector 'process' and must divide "
+                             f"num_envs {self.num_envs} (got collector {self.train.collector!r})")
         return self
 
     @model_validator(mode="after")

@@ -39,7 +39,7 @@ from rsl_rl.algorithms import PPO
 from rsl_rl.storage import RolloutStorage
 
 from stages.rsl_env import FinishedEpisodes, RslRlEnv, build_algorithm, make_env
-from stages.samplers import Collected, Sampler
+from stages.samplers import Collected, Sampler, decouple
 from stages.sim.env import NonFiniteTerm
 from stages.sim.params import PhysicalParams
 from stages.sim.task import Task
@@ -226,6 +226,7 @@ class ProcessSampler(Sampler):
             self._publish()
             self._request()
         collected = self._receive()
+        decouple(self.alg)
         self._publish()  # the weights from before this update: one policy lag (and a checkpoint's, after the last)
         if more:
             self._request()

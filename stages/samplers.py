@@ -16,6 +16,24 @@ from stages.rsl_env import RslRlEnv, build_algorithm
 from stages.train_config import TrainConfig
 
 
+def decouple(alg: PPO) -> None:
+    """Centre a rollout collected one policy behind (``thread``, ``process``) on the learner's current policy, as
+    decoupled PPO does (Hilton et al. 2021, "Batch size-invariance for policy optimization"; AReaL uses it for
+    asynchronous RL): the stored log-probabilities and distribution parameters become the current (proximal)
+    policy's, the centre of the clip and of the adaptive learning rate's KL, and each advantage is weighted by
+    ρ = π_prox(a) / π_behaviour(a). rsl_rl's clipped surrogate on that is the decoupled objective
+    min(r·A, clip(r, ρ(1−ε), ρ(1+ε))·A), r = π / π_behaviour. Without it the update starts one update's KL away
+    from its centre, and the adaptive schedule keeps cutting the learning rate."""
+    storage, actor = alg.storage, alg.actor
+    with torch.inference_mode():  # the storage holds inference tensors where collection wrote it in that mode
+        actor.distribution.update(actor.mlp(actor.get_latent(storage.observations.flatten(0, 1))))
+        proximal = actor.get_output_log_prob(storage.actions.flatten(0, 1)).view_as(storage.actions_log_prob)
+        storage.advantages.mul_(torch.exp(proximal - storage.actions_log_prob))
+        storage.actions_log_prob.copy_(proximal)
+        for stored, current in zip(storage.distribution_params, actor.output_distribution_params, strict=True):
+            stored.copy_(current.view_as(stored))
+
+
 @dataclass(frozen=True)
 class Collected:
     seconds: float
@@ -98,6 +116,7 @@ class OverlappedSampler(Sampler):
             self.ready = self._collect(self.acting)
         collected = Collected(self.ready)
         self.alg.storage, self.acting.storage = self.acting.storage, self.alg.storage
+        decouple(self.alg)
         self.ready = None
         self._sync()
         if more:

@@ -48,7 +48,10 @@ def test_a_sensor_in_the_file_is_checked_against_the_task_the_command_line_names
 @pytest.mark.parametrize("text,sets,message", [
     ("train:\n  learnin_rate: 1\n", [], r"run.yaml: train.learnin_rate: not a key here; allowed: steps_per_env, "
                                         r"hidden_dims, learning_rate, entropy_coef, gamma, gae_lambda, init_noise_std, "
-                                        r"desired_kl, minutes, randomization, disturbance$"),
+                                        r"desired_kl, collector, collector_processes, minutes, randomization, "
+                                        r"disturbance$"),
+    ("train:\n  collector_processes: 3\n", [], r"run.yaml: train.collector_processes: 3 needs train.collector "
+                                               r"'process' and must divide num_envs 128 \(got collector 'sequential'\)$"),
     ("iterations: 0\n", [], r"run.yaml: iterations: Input should be greater than or equal to 1 \(got 0\)$"),
     ("target: orin-nano\n", [], r"run.yaml: target: .*orin-nano"),
     ("- a\n- b\n", [], r"run.yaml: a run configuration is a mapping of keys, got list$"),
