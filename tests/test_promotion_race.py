@@ -11,12 +11,14 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 from prefect.settings import PREFECT_API_URL
 
+from flows.promotion import promote_slot
 from registry import models
 
 HOLD_S = 5
 PROMOTE = """
 import sys
 from mlflow.tracking import MlflowClient
+from flows.promotion import promote_slot
 from flows.promotion import promote_slot
 from registry import models
 with promote_slot("race"):
@@ -45,3 +47,17 @@ def test_two_runs_promoting_at_once_leave_one_champion(mlflow_server, prefect_ha
     assert client.get_model_version_by_alias("race", "challenger").version == loser
     assert client.get_model_version("race", loser).tags["sim2edge.not_promoted"] == \
         f"the champion changed during this run (vNone → v{champion})"
+
+
+def test_the_promote_slot_is_created_once_and_then_only_looked_up(prefect_harness, monkeypatch):
+    """A second run does not try to create the existing limit (the server would log a database traceback)."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    created: list[str] = []
+    create = SyncPrefectClient.create_global_concurrency_limit
+    monkeypatch.setattr(SyncPrefectClient, "create_global_concurrency_limit",
+                        lambda self, limit: created.append(limit.name) or create(self, limit))
+    for _ in range(2):
+        with promote_slot("once"):
+            pass
+    assert created == ["promote-once"]
