@@ -6,7 +6,9 @@ latency exact, replay error ≥ 5× lower, calibration under 60 s on 2 cores. Is
 (``--profile per-joint``) each joint's damping and gain within 10–15%, replay error within 2× the true model's.
 With ``--sysid`` (needs ``mujoco[sysid]``, in ``.[bench]``), ``mujoco.sysid`` fits the same parameters on the same
 windows in the same run (``benchmarks/sysid_reference.py``), and one table gives both sides' errors, 95% intervals and
-wall times; ``--windows N`` caps the windows of both sides.
+wall times; ``--windows N`` caps the windows of both sides. With ``--profile per-joint`` it also prints the
+Cramér–Rao bound of each per-joint parameter (``benchmarks/cramer_rao.py``) on the calibration's windows and on all of
+the log's.
 Run: PYTHONPATH=. .venv/bin/python benchmarks/calibrate_reacher.py [--minutes 5] [--profile per-joint]
 [--joint-steps N] [--sysid] [--windows N]
 """
@@ -94,6 +96,17 @@ def main() -> None:
     print(f"  true model's replay error {replayer.errors([truth])[0]:.4g}; misfit ratio {twin.misfit.ratio:.2f}, "
           f"worst joints {list(twin.misfit.worst_joints)}")
     print(f"  calibration wall time {seconds:.1f} s (target < 60 s)")
+    if args.profile == "per-joint":
+        from benchmarks.cramer_rao import bound
+
+        every = Replayer(task, windows(task, ds, cfg.model_copy(update={"max_windows": 10**9})), cfg.nthread)
+        limits = [(f"{len(r.win.start)} windows", bound(r, truth)) for r in (replayer, every)]
+        print("  Cramér–Rao bound (sd any unbiased fit can reach, start states exact), % of truth:")
+        for name in limits[0][1]:
+            field, joint = name.split(".")
+            t = getattr(truth, field)[joint]
+            print(f"    {name:28s} truth {t:.4f}  " + "  ".join(f"{label}: {100 * sd[name] / t:.2f}%"
+                                                             for label, sd in limits))
     if args.sysid:
         from benchmarks.sysid_reference import compare  # mujoco[sysid] is a bench extra
 
