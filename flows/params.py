@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edge.targets import load_target
 from stages.sim.disturbance import Disturbance
@@ -141,9 +141,11 @@ class PipelineParams(BaseModel):
     @model_validator(mode="after")
     def _collectors_split_the_envs(self) -> "PipelineParams":
         k = self.train.collector_processes
-        if k > 1 and (self.train.collector != "process" or self.num_envs % k):
+        try:  # TrainConfig's own check, named by this run's keys
+            TrainConfig(num_envs=self.num_envs, collector=self.train.collector, collector_processes=k)
+        except ValidationError:
             raise ValueError(f"train.collector_processes: {k} needs train.collector 'process' and must divide "
-                             f"num_envs {self.num_envs} (got collector {self.train.collector!r})")
+                             f"num_envs {self.num_envs} (got collector {self.train.collector!r})") from None
         return self
 
     @model_validator(mode="after")
