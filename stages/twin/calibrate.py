@@ -44,7 +44,8 @@ from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.intervals import (Z, Optimum, StartNoise, debiased, interval, polish, prior_dominated, resample,
                                    score, start_spread)
 from stages.twin.replay import Replayer, thinned, windows
-from stages.twin.search import FITTED, JointSearch, Search, fit_global, fit_joints, max_effort, search_joints
+from stages.twin import starts
+from stages.twin.search import FITTED, RACE, JointSearch, Search, fit_global, fit_joints, max_effort, search_joints
 from stages.twin.twin_files import plot_replay, write_mjcf
 
 PROBE = 1.1
@@ -105,20 +106,25 @@ def least_squares(replayer: Replayer, params_of: Callable[[np.ndarray], Physical
 
 
 def noise_spread(replayer: Replayer, params_of: Callable[[np.ndarray], PhysicalParams], optimum: Optimum,
-                 bounds: np.ndarray, free: np.ndarray, prior: np.ndarray, cfg: CalibrateConfig) -> StartNoise:
+                 bounds: np.ndarray, free: np.ndarray, prior: np.ndarray, cfg: CalibrateConfig,
+                 noise: float, fit_starts: bool = False) -> StartNoise:
     """The start noise's spread and bias of the fit at ``optimum`` (``intervals.start_spread``): the fitted twin's
-    replays from the logged starts are the targets, and ``cfg.start_draws`` copies of the starts get noise of the fit's
-    sensor noise estimate × the smoothing's ``Windows.start_noise``."""
+    replays from the replayer's starts are the targets, and ``cfg.start_draws`` copies of the starts get noise of the
+    sensor noise estimate ``noise`` × the smoothing's ``Windows.start_noise``; with ``fit_starts`` each copy's starts
+    are then fitted with the parameters (``starts.Profile``), as the estimate's were."""
     fitted = params_of(optimum.x)
     qpos, sensors = replayer.rollout([fitted])
     win = replayer.win.model_copy(update={"target": qpos[0], "sensor_target": sensors[0][..., replayer.win.sensor_index]})
-    m, sigma = replayer.task.model, noise_estimate(replayer, fitted) * win.start_noise
+    m, sigma = replayer.task.model, noise * win.start_noise
     rng = np.random.default_rng(cfg.seed)
-    noise = rng.normal(0, sigma, (cfg.start_draws, len(win.start), m.nq + m.nv))
-    starts = np.repeat(win.start[None], cfg.start_draws + 1, axis=0)
-    starts[1:, :, 1 : 1 + m.nq + m.nv] += noise
+    noisy = np.repeat(win.start[None], cfg.start_draws + 1, axis=0)
+    noisy[1:, :, 1 : 1 + m.nq + m.nv] += rng.normal(0, sigma, (cfg.start_draws, len(win.start), m.nq + m.nv))
     own = Replayer(replayer.task, win, cfg.nthread)
-    return start_spread(lambda xs: own.residuals([params_of(x) for x in xs], starts[: len(xs)]), cfg.start_draws,
+    if fit_starts:
+        profile = starts.Profile(own, fitted, logged=noisy)
+        return start_spread(lambda xs: profile.residuals([params_of(x) for x in xs]), cfg.start_draws, optimum,
+                            bounds, free, prior)
+    return start_spread(lambda xs: own.residuals([params_of(x) for x in xs], noisy[: len(xs)]), cfg.start_draws,
                         optimum, bounds, free, prior)
 
 
@@ -133,14 +139,16 @@ def prior_width(box: np.ndarray, x: np.ndarray, weak: np.ndarray, bounds: np.nda
     return out
 
 
-def joint_optimum(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> Optimum:
+def joint_optimum(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float,
+                  logged: Replayer) -> Optimum:
     """The per-joint least-squares fit: Levenberg-Marquardt from the global fit (``search.fit_joints``); where that
-    leaves a misfit (``misfit``), also the CMA-ES race (``search.search_joints``) polished, and the better of the two."""
+    leaves a misfit (``misfit`` on the ``logged`` starts' replayer: ``replayer``'s may be fitted), also the CMA-ES
+    race (``search.search_joints``) polished, and the better of the two."""
     prior, every = search.prior_weights(replayer, cfg, noise), np.ones(len(search.bounds), bool)
     local = fit_joints(replayer, search, cfg, noise)
     params = search.params(local.x)
-    params = params.model_copy(update={"obs_noise": noise_estimate(replayer, params)})
-    if not cfg.joint_generations or not misfit(replayer, params, cfg.misfit_ratio, cfg.seed).worst_joints:
+    params = params.model_copy(update={"obs_noise": noise_estimate(logged, params)})
+    if not cfg.joint_generations or not misfit(logged, params, cfg.misfit_ratio, cfg.seed).worst_joints:
         return local
     log.info("%s: the per-joint fit leaves a misfit; searching with CMA-ES", replayer.task.name)
     searched = least_squares(replayer, search.params, search_joints(replayer, search, cfg, noise), search.bounds, every,
@@ -173,14 +181,28 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     bodies = task.mass_bodies if several else ()
     joint_search = JointSearch(task, global_fit, cfg.groups, bodies)
     resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
-    spread = noise_spread(replayer, global_of, global_opt, search.bounds, free, np.zeros(len(FITTED)), cfg).spread
+    spread = noise_spread(replayer, global_of, global_opt, search.bounds, free, np.zeros(len(FITTED)), cfg,
+                          noise).spread
     intervals = search.named(interval(global_opt, search.bounds, free, resamples, np.zeros(len(FITTED)), spread))
     weak: tuple[str, ...] = ()
     if cfg.joint_steps:
-        joint_prior, every = joint_search.prior_weights(replayer, cfg, noise), np.ones(len(joint_search.bounds), bool)
-        joint_opt = joint_optimum(replayer, joint_search, cfg, noise)
-        start = noise_spread(replayer, joint_search.params, joint_opt, joint_search.bounds, every, joint_prior, cfg)
-        x, box = debiased(joint_opt.x, interval(joint_opt, joint_search.bounds, every, resamples, joint_prior,
+        long = cfg.joint_window not in (None, cfg.window)
+        jr = Replayer(task, windows(task, dataset, cfg.model_copy(update={"window": cfg.joint_window})),
+                      cfg.nthread) if long else replayer
+        joint_resamples = resample(jr.win.episode, cfg.bootstrap, cfg.seed) if long else resamples
+        joint_prior, every = joint_search.prior_weights(jr, cfg, noise), np.ones(len(joint_search.bounds), bool)
+        joint_opt = joint_optimum(replayer, joint_search, cfg, noise, replayer)
+        if cfg.fit_starts:
+            joint_opt, joints = starts.fit(jr, joint_search.params, joint_opt.x, lambda r, x: polish(
+                r, x, joint_search.bounds, every, joint_prior, RACE))
+        elif long:
+            joints, joint_opt = jr, least_squares(jr, joint_search.params, joint_opt.x, joint_search.bounds, every,
+                                                  joint_prior)
+        else:
+            joints = replayer
+        start = noise_spread(joints, joint_search.params, joint_opt, joint_search.bounds, every, joint_prior, cfg,
+                             noise_estimate(jr, joint_search.params(joint_opt.x)), cfg.fit_starts)
+        x, box = debiased(joint_opt.x, interval(joint_opt, joint_search.bounds, every, joint_resamples, joint_prior,
                                                 start.spread), every, start.bias, joint_search.bounds)
         fitted = joint_search.params(x)
         flags = prior_dominated(joint_opt, every, joint_prior)

@@ -23,6 +23,8 @@ SmoothingWindow = Annotated[int, AfterValidator(_odd_window)]
 class CalibrateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     window: int = Field(20, ge=2, description="Replay window length in control steps.")
+    joint_window: Optional[int] = Field(None, ge=2, description="Replay window of the per-joint pass in control steps "
+                                        "(default: window). Longer windows carry more of a small friction.")
     max_windows: int = Field(192, ge=1, description="Windows sampled from the dataset.")
     generations: int = Field(40, ge=1, description="CMA-ES generations for the chosen latency.")
     search_generations: int = Field(8, ge=1, description="CMA-ES generations per latency candidate.")
@@ -50,6 +52,9 @@ class CalibrateConfig(BaseModel):
     start_smoothing: Optional[SmoothingWindow] = Field(None, description="Window (samples, odd) of the quadratic "
                                            "Savitzky-Golay filter over the logged joint states a replay starts from; "
                                            "1: raw; default: the task's (`start_smoothing`: 5 for the quadruped).")
+    fit_starts: bool = Field(False, description="Fit each per-joint replay window's start state (the robot's hinge "
+                             "and slide joints) with the parameters instead of taking the logged one as exact "
+                             "(stages.twin.starts); with a long joint_window it recovers a small friction.")
     sensors: dict[str, SensorWeight] = Field(default_factory=dict, description="Sensors in the residual: {sensor "
                                              "name: weight}. The replayed reading minus the logged one (the observation "
                                              "terms that read it, Term.sensor) counts weight × its unit against rad of "
