@@ -10,7 +10,7 @@ wall times; ``--windows N`` caps the windows of both sides. With ``--profile per
 Cramér–Rao bound of each per-joint parameter (``benchmarks/cramer_rao.py``) on the calibration's windows and on all of
 the log's.
 Run: PYTHONPATH=. .venv/bin/python benchmarks/calibrate_reacher.py [--minutes 5] [--profile per-joint]
-[--joint-steps N] [--sysid] [--windows N]
+[--joint-steps N] [--sysid] [--windows N] [--fit-starts] [--joint-window N]
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def main() -> None:
     ap.add_argument("--sysid", action="store_true", help="Also fit with mujoco.sysid on the same windows.")
     ap.add_argument("--windows", type=int, default=CalibrateConfig().max_windows,
                     help="Replay windows both fits use (at most).")
+    ap.add_argument("--fit-starts", action="store_true", help="Fit the per-joint windows' starts with the parameters.")
+    ap.add_argument("--joint-window", type=int, default=None, help="Per-joint replay window in control steps.")
     args = ap.parse_args()
     task = load("reacher")
     episodes = int(args.minutes * 60 / (task.episode_steps * task.ctrl_dt))
@@ -69,12 +71,15 @@ def main() -> None:
     truth = standin.hidden_params("reacher", args.profile)
     log = record(task, truth, episodes, 0, tmp / "log.parquet", standin.robot_id("reacher", args.profile))
     ds = DatasetStore(tmp / "ds", task, "reacher").ingest([log], "benchmark").dataset
-    cfg = CalibrateConfig(joint_steps=args.joint_steps, max_windows=args.windows)
+    cfg = CalibrateConfig(joint_steps=args.joint_steps, max_windows=args.windows, fit_starts=args.fit_starts,
+                          joint_window=args.joint_window)
     start = time.perf_counter()
     twin = calibrate(cfg, ds, tmp / "twin")
     seconds = time.perf_counter() - start
     print(f"reacher stand-in ({args.profile}), {episodes} episodes = {args.minutes:.1f} min of logs, "
-          f"{cfg.max_windows} windows × {cfg.window} steps, {cfg.joint_steps} per-joint steps")
+          f"{cfg.max_windows} windows × {cfg.window} steps, {cfg.joint_steps} per-joint steps"
+          + (f" on {cfg.joint_window}-step windows" if cfg.joint_window else "")
+          + (", starts fitted" if cfg.fit_starts else ""))
     if args.profile == "per-joint":
         p, box = twin.params, twin.intervals
         for j in p.damping_by_joint:
@@ -101,7 +106,12 @@ def main() -> None:
 
         every = Replayer(task, windows(task, ds, cfg.model_copy(update={"max_windows": 10**9})), cfg.nthread)
         limits = [(f"{len(r.win.start)} windows", bound(r, truth)) for r in (replayer, every)]
-        print("  Cramér–Rao bound (sd any unbiased fit can reach, start states exact), % of truth:")
+        if cfg.fit_starts:
+            joint = Replayer(task, windows(task, ds, cfg.model_copy(update={"window": cfg.joint_window or cfg.window})),
+                             cfg.nthread)
+            limits.append((f"{len(joint.win.start)} × {joint.win.target.shape[1]} steps, starts fitted",
+                           bound(joint, truth, fit_starts=True)))
+        print("  Cramér–Rao bound (sd any unbiased fit can reach; start states exact unless fitted), % of truth:")
         for name in limits[0][1]:
             field, joint = name.split(".")
             t = getattr(truth, field)[joint]

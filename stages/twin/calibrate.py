@@ -189,7 +189,9 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         long = cfg.joint_window not in (None, cfg.window)
         jr = Replayer(task, windows(task, dataset, cfg.model_copy(update={"window": cfg.joint_window})),
                       cfg.nthread) if long else replayer
-        joint_resamples = resample(jr.win.episode, cfg.bootstrap, cfg.seed) if long else resamples
+        if cfg.fit_starts:
+            jr = Replayer(task, starts.off_limits(task, jr.win), cfg.nthread)
+        joint_resamples = resample(jr.win.episode, cfg.bootstrap, cfg.seed) if long or cfg.fit_starts else resamples
         joint_prior, every = joint_search.prior_weights(jr, cfg, noise), np.ones(len(joint_search.bounds), bool)
         joint_opt = joint_optimum(replayer, joint_search, cfg, noise, replayer)
         if cfg.fit_starts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import mujoco
 import numpy as np
@@ -36,6 +37,8 @@ class Windows(BaseModel):
     sensor_index: np.ndarray = np.zeros(0, np.int64)
     sensor_weight: np.ndarray = np.zeros(0)
     sensor_names: tuple[str, ...] = ()
+    mask: Optional[np.ndarray] = None
+    """(W, T) weight of each step's residuals (0: left out), or None: every step counts."""
 
     @property
     def start_noise(self) -> float:
@@ -183,6 +186,8 @@ class Replayer:
         if len(self.win.sensor_index):
             weighted = (sensors[..., self.win.sensor_index] - self.win.sensor_target) * self.win.sensor_weight
             diff = np.concatenate([diff, weighted], axis=-1)
+        if self.win.mask is not None:
+            diff = diff * self.win.mask[..., None]
         return diff.reshape(len(candidates), len(self.win.start), -1)
 
     def errors(self, candidates: list[PhysicalParams]) -> np.ndarray:
