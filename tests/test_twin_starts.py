@@ -81,14 +81,15 @@ def test_steps_from_a_joint_limit_on_are_left_out(clean_and_noisy):
     win = off_limits(clean.task, clean.win)
     margin = LIMIT_MARGIN * 6.0
     near = np.abs(clean.win.target[..., 1]) >= 3.0 - margin
-    assert near.any() and 0 < win.mask.mean() < 1
+    assert near.any() and 0 < win.mask[..., 1].mean() < 1
+    assert (win.mask[..., 0] == 1).all()  # the shoulder's residuals all stay
     for w in range(len(near)):
         first = int(np.argmax(near[w])) if near[w].any() else near.shape[1]
         if abs(clean.win.start[w, 2]) >= 3.0 - margin:
             first = 0
-        assert win.mask[w].tolist() == [1.0] * first + [0.0] * (near.shape[1] - first), w
+        assert win.mask[w, :, 1].tolist() == [1.0] * first + [0.0] * (near.shape[1] - first), w
     masked = Replayer(clean.task, win, 2).residuals([truth.model_copy(update={"damping": 2.0})])[0]
-    kept = np.repeat(win.mask, 2, axis=1) > 0
+    kept = win.mask.reshape(len(win.mask), -1) > 0  # (W, T · joints), as the residuals
     assert (masked[~kept] == 0).all() and np.abs(masked[kept]).max() > 0
 
 

@@ -38,7 +38,7 @@ class Windows(BaseModel):
     sensor_weight: np.ndarray = np.zeros(0)
     sensor_names: tuple[str, ...] = ()
     mask: Optional[np.ndarray] = None
-    """(W, T) weight of each step's residuals (0: left out), or None: every step counts."""
+    """(W, T, replayed joints) weight of each step's joint residuals (0: left out), or None: every one counts."""
 
     @property
     def start_noise(self) -> float:
@@ -183,11 +183,11 @@ class Replayer:
         candidate and window: (C, W, T·width)."""
         qpos, sensors = self.rollout(candidates, start)
         diff = (qpos - self.win.target)[..., self.joints]
+        if self.win.mask is not None:
+            diff = diff * self.win.mask
         if len(self.win.sensor_index):
             weighted = (sensors[..., self.win.sensor_index] - self.win.sensor_target) * self.win.sensor_weight
             diff = np.concatenate([diff, weighted], axis=-1)
-        if self.win.mask is not None:
-            diff = diff * self.win.mask[..., None]
         return diff.reshape(len(candidates), len(self.win.start), -1)
 
     def errors(self, candidates: list[PhysicalParams]) -> np.ndarray:
