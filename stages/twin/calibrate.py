@@ -192,7 +192,9 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         if cfg.fit_starts:
             jr = Replayer(task, starts.off_limits(task, jr.win), cfg.nthread)
         joint_resamples = resample(jr.win.episode, cfg.bootstrap, cfg.seed) if long or cfg.fit_starts else resamples
-        joint_prior, every = joint_search.prior_weights(jr, cfg, noise), np.ones(len(joint_search.bounds), bool)
+        profiled = jr.win.target.shape[1] * jr.width + len(starts.start_columns(jr)) if cfg.fit_starts else 0
+        joint_prior = joint_search.prior_weights(jr, cfg, noise, len(jr.win.start) * profiled or None)
+        every = np.ones(len(joint_search.bounds), bool)
         joint_opt = joint_optimum(replayer, joint_search, cfg, noise, replayer)
         if cfg.fit_starts:
             joint_opt, joints = starts.fit(jr, joint_search.params, joint_opt.x, lambda r, x: polish(

@@ -134,13 +134,16 @@ class JointSearch:
                 **{f"friction_by_joint.{j}": pair(friction[i]) for i, u in enumerate(self.units) for j in self.units[u]},
                 **{f"mass_by_body.{b}": pair(mass[i]) for i, b in enumerate(self.bodies)}}
 
-    def prior_weights(self, replayer: Replayer, cfg: CalibrateConfig, noise: float) -> np.ndarray:
+    def prior_weights(self, replayer: Replayer, cfg: CalibrateConfig, noise: float,
+                      independent: int | None = None) -> np.ndarray:
         """Per coordinate, the weight of its Gaussian prior in the per-joint objective (0: none): with residuals of std
         ``noise`` (the sensor noise estimate), mse + noise² · |x|² / (prior_width² · n) is the MAP objective, counting
-        n = windows × residuals per step (``Replayer.width``) of them as independent (steps within a window are
-        correlated). The
-        log-multipliers (damping, gain, mass) have it; friction has none."""
-        weight = noise**2 / (cfg.prior_width**2 * len(replayer.win.start) * replayer.width)
+        n = ``independent`` of them as independent, by default windows × residuals per step (``Replayer.width``): steps
+        within a window are correlated by the noise on its logged start. With the starts fitted (``stages.twin.starts``)
+        that correlation is gone and every residual counts. The log-multipliers (damping, gain, mass) have it; friction
+        has none."""
+        count = len(replayer.win.start) * replayer.width if independent is None else independent
+        weight = noise**2 / (cfg.prior_width**2 * count)
         n = len(self.units)
         return np.r_[np.full(2 * n, weight), np.zeros(n), np.full(len(self.bodies), weight)]
 
