@@ -20,6 +20,8 @@ compared with the noise floor (the error sensor noise alone leaves); well above 
 misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
 episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range, and a per-joint one the
 logs pin less than its prior does is named ``weakly_identified`` and its interval is at least the prior's 95% width.
+With ``fit_starts`` (opt-in) the per-joint fit then goes on over ``joint_window``-step windows with each window's start
+fitted too (``stages.twin.starts``: errors in variables, where a small friction shows).
 Beside ``twin.json`` the identified model is written as ``twin.xml`` (MJCF).
 
 The parts: ``calibration_config`` (the settings), ``replay`` (windows and their batched replay), ``search`` (the
@@ -139,16 +141,14 @@ def prior_width(box: np.ndarray, x: np.ndarray, weak: np.ndarray, bounds: np.nda
     return out
 
 
-def joint_optimum(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float,
-                  logged: Replayer) -> Optimum:
+def joint_optimum(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> Optimum:
     """The per-joint least-squares fit: Levenberg-Marquardt from the global fit (``search.fit_joints``); where that
-    leaves a misfit (``misfit`` on the ``logged`` starts' replayer: ``replayer``'s may be fitted), also the CMA-ES
-    race (``search.search_joints``) polished, and the better of the two."""
+    leaves a misfit (``misfit``), also the CMA-ES race (``search.search_joints``) polished, and the better of the two."""
     prior, every = search.prior_weights(replayer, cfg, noise), np.ones(len(search.bounds), bool)
     local = fit_joints(replayer, search, cfg, noise)
     params = search.params(local.x)
-    params = params.model_copy(update={"obs_noise": noise_estimate(logged, params)})
-    if not cfg.joint_generations or not misfit(logged, params, cfg.misfit_ratio, cfg.seed).worst_joints:
+    params = params.model_copy(update={"obs_noise": noise_estimate(replayer, params)})
+    if not cfg.joint_generations or not misfit(replayer, params, cfg.misfit_ratio, cfg.seed).worst_joints:
         return local
     log.info("%s: the per-joint fit leaves a misfit; searching with CMA-ES", replayer.task.name)
     searched = least_squares(replayer, search.params, search_joints(replayer, search, cfg, noise), search.bounds, every,
@@ -195,7 +195,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         profiled = jr.win.target.shape[1] * jr.width + len(starts.start_columns(jr)) if cfg.fit_starts else 0
         joint_prior = joint_search.prior_weights(jr, cfg, noise, len(jr.win.start) * profiled or None)
         every = np.ones(len(joint_search.bounds), bool)
-        joint_opt = joint_optimum(replayer, joint_search, cfg, noise, replayer)
+        joint_opt = joint_optimum(replayer, joint_search, cfg, noise)
         if cfg.fit_starts:
             joint_opt, joints = starts.fit(jr, joint_search.params, joint_opt.x, lambda r, x: polish(
                 r, x, joint_search.bounds, every, joint_prior, RACE))
