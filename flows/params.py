@@ -64,7 +64,7 @@ class CalibrateSettings(BaseModel):
     bootstrap: int = field_of(CalibrateConfig, "bootstrap")
     start_smoothing: Optional[SmoothingWindow] = field_of(CalibrateConfig, "start_smoothing")
     sensors: dict[str, SensorWeight] = field_of(CalibrateConfig, "sensors")
-    fit_starts: bool = field_of(CalibrateConfig, "fit_starts")
+    fit_starts: Optional[bool] = field_of(CalibrateConfig, "fit_starts")
     joint_window: Optional[int] = field_of(CalibrateConfig, "joint_window")
 
 

@@ -56,6 +56,8 @@ class Reacher(Task):
     success_threshold: float = -np.inf
     mass_bodies: tuple[str, ...] = ("body0", "body1", "fingertip")
     replayed_joints: tuple[str, ...] = ("joint0", "joint1")  # not the target's slide joints
+    joint_window: int | None = 46  # one window per 50-step episode: its joint frictions (0.02 N m) need long replays
+    fit_starts: bool = True
     success_distance: float = 0.02
     """An episode succeeds when it ends with the fingertip within this distance (m) of the target."""
 

@@ -91,6 +91,12 @@ class Task:
     """Calibration's default Savitzky-Golay window over the logged states a replay starts from (1: raw). Contact-rich
     robots want 5: sensor noise in body height moves their contacts and biases the fit (``stages.twin.replay``);
     fast joints want 1: a quadratic over 5 samples misses their velocity changes."""
+    joint_window: int | None = None
+    """Calibration's default replay window of the per-joint pass (control steps; None: the global fit's window)."""
+    fit_starts: bool = False
+    """Calibration fits the per-joint windows' start states with the parameters by default (``stages.twin.starts``):
+    for small joint frictions, which show in long windows, at the cost of the start fits (the reacher's: 46-step
+    windows, 0.02 N m recovered within 3.5% where the logged starts left it 42% off)."""
     excitation_scale: float = 1.0
     """Std of the stand-in's random excitation before its ±1 clip, in normalized action units
     (``collect.rollouts.excitation``): below 1 it keeps actuators off their force limits, where a gain does not act,

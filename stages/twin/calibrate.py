@@ -20,8 +20,8 @@ compared with the noise floor (the error sensor noise alone leaves); well above 
 misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
 episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range, and a per-joint one the
 logs pin less than its prior does is named ``weakly_identified`` and its interval is at least the prior's 95% width.
-With ``fit_starts`` (opt-in) the per-joint fit then goes on over ``joint_window``-step windows with each window's start
-fitted too (``stages.twin.starts``: errors in variables, where a small friction shows).
+With ``fit_starts`` (the task's default: on for the reacher) the per-joint fit goes on over ``joint_window``-step
+windows with each window's start fitted too (``stages.twin.starts``: errors in variables, where a small friction shows).
 Beside ``twin.json`` the identified model is written as ``twin.xml`` (MJCF).
 
 The parts: ``calibration_config`` (the settings), ``replay`` (windows and their batched replay), ``search`` (the
@@ -159,6 +159,7 @@ def joint_optimum(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig,
 def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec:
     """Fit damping, actuator gain, mass scale, friction and latency to ``dataset``; write ``out_dir/twin.json`` and a plot."""
     task = load(dataset.task)
+    cfg = cfg.for_task(task)
     prior = task.nominal_params()
     search = Search(task, prior)
     replayer = Replayer(task, windows(task, dataset, cfg), cfg.nthread)
@@ -195,15 +196,15 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         profiled = jr.win.target.shape[1] * jr.width + len(starts.start_columns(jr)) if cfg.fit_starts else 0
         joint_prior = joint_search.prior_weights(jr, cfg, noise, len(jr.win.start) * profiled or None)
         every = np.ones(len(joint_search.bounds), bool)
-        joint_opt = joint_optimum(replayer, joint_search, cfg, noise)
         if cfg.fit_starts:
-            joint_opt, joints = starts.fit(jr, joint_search.params, joint_opt.x, lambda r, x: polish(
+            # only the race: the profiled fit goes on from its point (24 steps instead moved no estimate, seeds 0-3)
+            race = joint_optimum(replayer, joint_search, cfg.model_copy(update={"joint_steps": RACE}), noise)
+            joint_opt, joints = starts.fit(jr, joint_search.params, race.x, lambda r, x: polish(
                 r, x, joint_search.bounds, every, joint_prior, RACE))
-        elif long:
-            joints, joint_opt = jr, least_squares(jr, joint_search.params, joint_opt.x, joint_search.bounds, every,
-                                                  joint_prior)
         else:
-            joints = replayer
+            joint_opt, joints = joint_optimum(replayer, joint_search, cfg, noise), jr
+            if long:
+                joint_opt = least_squares(jr, joint_search.params, joint_opt.x, joint_search.bounds, every, joint_prior)
         start = noise_spread(joints, joint_search.params, joint_opt, joint_search.bounds, every, joint_prior, cfg,
                              noise_estimate(jr, joint_search.params(joint_opt.x)), cfg.fit_starts)
         x, box = debiased(joint_opt.x, interval(joint_opt, joint_search.bounds, every, joint_resamples, joint_prior,

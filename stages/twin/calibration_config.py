@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from stages.sim.task import Task
+
 
 def _odd_window(v: int) -> int:
     if v < 1 or v % 2 == 0 or v == 3:
@@ -24,7 +26,8 @@ class CalibrateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     window: int = Field(20, ge=2, description="Replay window length in control steps.")
     joint_window: Optional[int] = Field(None, ge=2, description="Replay window of the per-joint pass in control steps "
-                                        "(default: window). Longer windows carry more of a small friction.")
+                                        "(default: the task's `joint_window`, else window). Longer windows carry more "
+                                        "of a small friction.")
     max_windows: int = Field(192, ge=1, description="Windows sampled from the dataset.")
     generations: int = Field(40, ge=1, description="CMA-ES generations for the chosen latency.")
     search_generations: int = Field(8, ge=1, description="CMA-ES generations per latency candidate.")
@@ -52,12 +55,18 @@ class CalibrateConfig(BaseModel):
     start_smoothing: Optional[SmoothingWindow] = Field(None, description="Window (samples, odd) of the quadratic "
                                            "Savitzky-Golay filter over the logged joint states a replay starts from; "
                                            "1: raw; default: the task's (`start_smoothing`: 5 for the quadruped).")
-    fit_starts: bool = Field(False, description="Fit each per-joint replay window's start state (the robot's hinge "
-                             "and slide joints) with the parameters instead of taking the logged one as exact "
-                             "(stages.twin.starts); with a long joint_window it recovers a small friction.")
+    fit_starts: Optional[bool] = Field(None, description="Fit each per-joint replay window's start state (the robot's "
+                                       "hinge and slide joints) with the parameters instead of taking the logged one "
+                                       "as exact (stages.twin.starts); with a long joint_window it recovers a small "
+                                       "friction. Default: the task's (`fit_starts`: on for the reacher).")
     sensors: dict[str, SensorWeight] = Field(default_factory=dict, description="Sensors in the residual: {sensor "
                                              "name: weight}. The replayed reading minus the logged one (the observation "
                                              "terms that read it, Term.sensor) counts weight × its unit against rad of "
                                              "joint position; weight = joint noise / sensor noise weighs them alike.")
     seed: int = 0
     nthread: int = 2
+
+    def for_task(self, task: Task) -> CalibrateConfig:
+        """This configuration with ``task``'s defaults where it leaves them open (``joint_window``, ``fit_starts``)."""
+        return self.model_copy(update={"joint_window": self.joint_window or task.joint_window,
+                                       "fit_starts": task.fit_starts if self.fit_starts is None else self.fit_starts})
