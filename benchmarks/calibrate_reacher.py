@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import mujoco
+import mujoco.sysid
 import numpy as np
 
 from stages import standin
@@ -31,6 +32,7 @@ from stages.sim.params import apply_params
 from stages.sim.registry import load
 from stages.twin.calibrate import CalibrateConfig, calibrate
 from stages.twin.replay import Replayer, windows
+from stages.twin.search import RACE
 from stages.twin.starts import off_limits
 
 
@@ -68,6 +70,8 @@ def main() -> None:
     ap.add_argument("--joint-window", type=int, default=None,
                     help="Per-joint replay window in control steps (default: the task's, 46).")
     args = ap.parse_args()
+    if args.sysid and not hasattr(mujoco.sysid, "optimize"):
+        ap.error("--sysid needs mujoco[sysid] with its dependencies: pip install -e '.[bench]'")
     task = load("reacher")
     episodes = int(args.minutes * 60 / (task.episode_steps * task.ctrl_dt))
     tmp = Path(tempfile.mkdtemp())
@@ -80,9 +84,9 @@ def main() -> None:
     twin = calibrate(cfg, ds, tmp / "twin")
     seconds = time.perf_counter() - start
     print(f"reacher stand-in ({args.profile}), {episodes} episodes = {args.minutes:.1f} min of logs, "
-          f"{cfg.max_windows} windows × {cfg.window} steps, {cfg.joint_steps} per-joint steps"
-          + (f" on {cfg.joint_window}-step windows" if cfg.joint_window else "")
-          + (", starts fitted" if cfg.fit_starts else ""))
+          f"{cfg.max_windows} windows × {cfg.window} steps, "
+          + (f"{RACE}-step per-joint race, then starts fitted" if cfg.fit_starts else f"{cfg.joint_steps} per-joint steps")
+          + (f" on {cfg.joint_window}-step windows" if cfg.joint_window else ""))
     if args.profile == "per-joint":
         p, box = twin.params, twin.intervals
         for j in p.damping_by_joint:
