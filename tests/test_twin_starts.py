@@ -74,6 +74,16 @@ def test_each_problem_is_tied_to_its_own_logged_starts(clean_and_noisy):
     assert np.abs(r[0]).max() < 1e-6 and np.abs(r[1]).max() > 1e-4
 
 
+def test_a_config_leaves_fit_starts_and_joint_window_to_the_task_unless_it_sets_them():
+    reacher, cartpole = load("reacher"), load("cartpole")
+    default = CalibrateConfig()
+    assert (default.for_task(reacher).fit_starts, default.for_task(reacher).joint_window) == (True, 46)
+    assert (default.for_task(cartpole).fit_starts, default.for_task(cartpole).joint_window) == (False, None)
+    own = CalibrateConfig(fit_starts=False, joint_window=30).for_task(reacher)
+    assert (own.fit_starts, own.joint_window) == (False, 30)
+    assert CalibrateConfig(fit_starts=True).for_task(cartpole).fit_starts is True
+
+
 def test_steps_from_a_joint_limit_on_are_left_out(clean_and_noisy):
     truth, clean, _ = clean_and_noisy
     adr, low, high = limited_joints(clean.task)
