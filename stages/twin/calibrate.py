@@ -193,15 +193,15 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         if cfg.fit_starts:
             jr = Replayer(task, starts.off_limits(task, jr.win), cfg.nthread)
         joint_resamples = resample(jr.win.episode, cfg.bootstrap, cfg.seed) if long or cfg.fit_starts else resamples
-        profiled = jr.win.target.shape[1] * jr.width + len(starts.start_columns(jr)) if cfg.fit_starts else 0
-        joint_prior = joint_search.prior_weights(jr, cfg, noise, len(jr.win.start) * profiled or None)
+        independent = len(jr.win.start) * (jr.win.target.shape[1] * jr.width + len(starts.start_columns(jr))) \
+            if cfg.fit_starts else None
+        joint_prior = joint_search.prior_weights(jr, cfg, noise, independent)
         every = np.ones(len(joint_search.bounds), bool)
         if cfg.fit_starts:
             # only the race, no CMA-ES: the profiled fit goes on from its point. On the per-joint reacher 24 steps
             # instead moved no estimate (seeds 0-3); on seed 8 the race's misfit started CMA-ES (81 s), which ended
             # where the profiled fit from the race did (joint 1's friction 0.0514 and 0.0515 N m)
-            race = joint_optimum(replayer, joint_search, cfg.model_copy(update={"joint_steps": RACE,
-                                                                                "joint_generations": 0}), noise)
+            race = fit_joints(replayer, joint_search, cfg.model_copy(update={"joint_steps": RACE}), noise)
             joint_opt, joints = starts.fit(jr, joint_search.params, race.x, lambda r, x: polish(
                 r, x, joint_search.bounds, every, joint_prior, RACE))
         else:

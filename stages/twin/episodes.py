@@ -42,12 +42,15 @@ class Episodes:
     """{name: (N,)} each of the task's metrics averaged over the episode's control steps."""
 
 
+SCALAR_JOINTS = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
+"""Joint types with one qpos and one dof, as ints: numpy's ints are never ``in`` a tuple of MuJoCo's enums."""
+
+
 def limited_joints(task: Task) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """qpos indices, lower and upper limits of the robot's range-limited hinge and slide joints."""
     m = task.model
     robot = set(task.replayed_qpos.tolist())
-    scalar = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))  # numpy ints are not in a tuple of enums
-    ids = [j for j in range(m.njnt) if m.jnt_limited[j] and int(m.jnt_type[j]) in scalar
+    ids = [j for j in range(m.njnt) if m.jnt_limited[j] and int(m.jnt_type[j]) in SCALAR_JOINTS
            and m.jnt_qposadr[j] in robot]
     adr = np.array([m.jnt_qposadr[j] for j in ids], dtype=int)
     low, high = (m.jnt_range[ids].T if ids else (np.zeros(0), np.zeros(0)))

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-import mujoco
 import numpy as np
 
 from stages.sim.params import PhysicalParams
 from stages.twin.intervals import Optimum, Residuals
 from stages.sim.task import Task
-from stages.twin.episodes import limited_joints
+from stages.twin.episodes import SCALAR_JOINTS, limited_joints
 from stages.twin.replay import Replayer, Windows
 
 DELTA = 1e-5
@@ -58,8 +57,7 @@ def start_columns(replayer: Replayer) -> np.ndarray:
     """Columns of the full-physics state a start fit moves: the qpos, then the qvel, of the replayed hinge and slide
     joints (a free or ball joint's start stays as logged)."""
     m, replayed = replayer.task.model, set(replayer.joints.tolist())
-    scalar = (int(mujoco.mjtJoint.mjJNT_HINGE), int(mujoco.mjtJoint.mjJNT_SLIDE))
-    joints = [j for j in range(m.njnt) if int(m.jnt_type[j]) in scalar and int(m.jnt_qposadr[j]) in replayed]
+    joints = [j for j in range(m.njnt) if int(m.jnt_type[j]) in SCALAR_JOINTS and int(m.jnt_qposadr[j]) in replayed]
     return np.array([1 + m.jnt_qposadr[j] for j in joints] + [1 + m.nq + m.jnt_dofadr[j] for j in joints], np.int64)
 
 
