@@ -5,10 +5,10 @@ Targets (issue 4): from ≤ 5 min of logs, damping, gain, friction (and mass, wh
 latency exact, replay error ≥ 5× lower, calibration under 60 s on 2 cores. Issue 33: on the per-joint stand-in
 (``--profile per-joint``) each joint's damping and gain within 10–15%, replay error within 2× the true model's.
 With ``--sysid`` (needs ``mujoco[sysid]``, in ``.[bench]``), ``mujoco.sysid`` fits the same parameters on the same
-windows in the same run (``benchmarks/sysid_reference.py``), and one table gives both sides' errors, 95% intervals and
-wall times; ``--windows N`` caps the windows of both sides. With ``--profile per-joint`` it also prints the
-Cramér–Rao bound of each per-joint parameter (``benchmarks/cramer_rao.py``) on the calibration's windows and on all of
-the log's.
+windows in the same run (``benchmarks/sysid_reference.py``), and one table gives both sides' errors, intervals
+(each side's holding together at 95%) and wall times; ``--windows N`` caps the windows of both sides. With
+``--profile per-joint`` it also prints the Cramér–Rao bound of each per-joint parameter (``benchmarks/cramer_rao.py``)
+on the calibration's windows and on all of the log's.
 Run: PYTHONPATH=. .venv/bin/python benchmarks/calibrate_reacher.py [--minutes 5] [--profile per-joint]
 [--joint-steps N] [--sysid] [--windows N] [--no-fit-starts] [--joint-window N]
 """

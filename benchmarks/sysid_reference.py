@@ -6,8 +6,9 @@ the task's ``MjSpec`` by modifiers (damping and gain as scales on the nominal va
 joints, mass as a scale on the task's mass bodies' explicit inertials); the residual is the plain difference of
 replayed and logged positions at the control steps (sysid's default residual resamples controls linearly and
 normalizes each window by its positions' norm). ``sysid.optimize`` (MuJoCo's least squares) fits them from the
-nominal model, and ``sysid.calculate_intervals`` gives its 95% intervals. sysid has no integer latency search: it
-replays at the latency sim2edge found. Called by ``benchmarks/calibrate_reacher.py --sysid``.
+nominal model, and ``sysid.calculate_intervals`` gives its 95% intervals, each one alone; they are widened here to
+hold together at 95% as sim2edge's do (× ``intervals.quantile`` (d) / 1.96 for d parameters), so both sides state the
+same confidence. sysid has no integer latency search: it replays at the latency sim2edge found. Called by ``benchmarks/calibrate_reacher.py --sysid``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mujoco import sysid
 from stages.artifacts import TwinSpec
 from stages.sim.params import PhysicalParams, actuated_dofs, actuator_names
 from stages.sim.task import Task
+from stages.twin.intervals import Z, quantile
 from stages.twin.replay import Replayer
 from stages.twin.search import FRICTION_RANGE, max_effort
 
@@ -128,7 +130,8 @@ def plain_residual(task: Task, replayer: Replayer):
 
 
 def fit(task: Task, replayer: Replayer, twin: TwinSpec, profile: str, nthread: int):
-    """sysid's fit on ``replayer``'s windows: ({name: (estimate, (lo, hi))}, seconds, least-squares iterations)
+    """sysid's fit on ``replayer``'s windows: ({name: (estimate, (lo, hi))}, seconds, least-squares iterations), the
+    intervals holding together at 95%
     (MuJoCo's least squares prints each iteration; that goes to a buffer)."""
     params = parameters(task, profile)
     start = time.perf_counter()
@@ -139,6 +142,7 @@ def fit(task: Task, replayer: Replayer, twin: TwinSpec, profile: str, nthread: i
         fitted, result = sysid.optimize(params, residual_fn, optimizer="mujoco", verbose=False)
     residuals, _, _ = residual_fn(fitted.as_vector(), fitted)
     _, half = sysid.calculate_intervals(residuals, result.jac)
+    half = half * quantile(len(half)) / Z
     seconds = time.perf_counter() - start
     x = fitted.as_vector()
     estimates = {n: (float(v), (float(v - h), float(v + h))) for n, v, h in zip(fitted.keys(), x, half)}
@@ -168,8 +172,8 @@ def compare(task: Task, replayer: Replayer, twin: TwinSpec, truth: PhysicalParam
           f"control steps ({profile} profile); sysid at sim2edge's latency {twin.params.latency_steps}")
     cell = lambda t, v, iv: (f"{v:9.4f} {v / t - 1:+8.2%}  [{iv[0]:.4f}, {iv[1]:.4f}]  "  # noqa: E731
                              f"{'yes' if iv[0] <= t <= iv[1] else 'NO':3s}")
-    print(f"{'parameter':15s} {'truth':>7s} | {'sim2edge':>9s} {'error':>8s}  95% interval      covers | "
-          f"{'sysid':>9s} {'error':>8s}  95% interval      covers")
+    print(f"{'parameter':15s} {'truth':>7s} | {'sim2edge':>9s} {'error':>8s}  interval          covers | "
+          f"{'sysid':>9s} {'error':>8s}  interval          covers   (each side's intervals hold together at 95%)")
     for name, t, v, iv in sim2edge_rows(twin, truth, profile, actuated_joints(task.model)):
         note = "  (sim2edge: unidentifiable, held at prior)" if name in twin.unidentified else ""
         print(f"{name:15s} {t:7.4f} | {cell(t, v, iv)} | {cell(t, *fitted[name])}{note}")

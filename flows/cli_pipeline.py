@@ -145,8 +145,8 @@ def calibrate(
     max_latency: int = typer.Option(3, help="Largest actuation latency searched (control steps)."),
     seed: int = typer.Option(0),
 ) -> None:
-    """Fit the digital twin to a dataset version; print fitted vs prior (vs stand-in truth), 95% intervals,
-    sensitivity and the misfit."""
+    """Fit the digital twin to a dataset version; print fitted vs prior (vs stand-in truth), intervals
+    (all of them hold the truth together with 95%), sensitivity and the misfit."""
     from flows.steps import calibrate_step, dataset_store
     from stages.twin.search import FITTED
     from stages.twin.calibration_config import CalibrateConfig
@@ -164,7 +164,7 @@ def calibrate(
     twin = calibrate_step(standalone_run(ws, task), cfg, ds, ws.home / "twins" / store.task.name / f"v{ds.version:04d}")
     spec = json.loads(twin.path.read_text())
     truth = spec.get("standin_truth")
-    table = Table("parameter", "prior", "fitted", "95% interval", "sensitivity", *(["stand-in truth"] if truth else []),
+    table = Table("parameter", "prior", "fitted", "95% interval (jointly)", "sensitivity", *(["stand-in truth"] if truth else []),
                   title=f"twin of {task} on dataset v{ds.version:04d}")
     span = lambda name: "{:.4g} – {:.4g}".format(*twin.intervals[name]) if name in twin.intervals else ""  # noqa: E731
     for name in (*FITTED, "latency_steps", "obs_noise"):

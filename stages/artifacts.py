@@ -76,13 +76,14 @@ class Misfit(BaseModel):
 
 
 class TwinSpec(Artifact):
-    """The calibrated digital twin: fitted parameters, their 95% intervals and the data they came from."""
+    """The calibrated digital twin: fitted parameters, their intervals and the data they came from."""
 
     task: str
     params: PhysicalParams
     intervals: dict[str, tuple[float, float]] = {}
-    """95% bootstrap interval per fitted parameter, in its ``params`` units: the global ones by name, per-joint ones as
-    ``<field>.<joint or actuator>`` (e.g. ``damping_by_joint.joint0``, a multiplier). Empty: not calibrated."""
+    """Bootstrap interval per fitted parameter, in its ``params`` units: the global ones by name, per-joint ones as
+    ``<field>.<joint or actuator>`` (e.g. ``damping_by_joint.joint0``, a multiplier); the global fit's hold the truth
+    together with 95%, and so do the per-joint fit's (``stages.twin.intervals``). Empty: not calibrated."""
     unidentified: tuple[str, ...] = ()
     """Parameters the data could not pin down; they are held at the prior."""
     dataset_digest: str

@@ -43,7 +43,7 @@ class TrainConfig(BaseModel):
                                                    "the task's (``Task.randomization``), e.g. ``latency_steps: 1`` "
                                                    "for a policy that must ride out one more step of delay; still "
                                                    "widened to ``twin_intervals``. None: the task's.")
-    twin_intervals: dict[str, tuple[float, float]] = Field(default_factory=dict, description="The twin's 95% "
+    twin_intervals: dict[str, tuple[float, float]] = Field(default_factory=dict, description="The twin's "
                                                            "intervals (``TwinSpec.intervals``' keys): training "
                                                            "randomizes over each, widened by the task's own ranges "
                                                            "(``Randomization.around``). Empty: the task's ranges.")

@@ -81,7 +81,7 @@ class Randomization(BaseModel):
         return self
 
     def around(self, centre: PhysicalParams, intervals: dict[str, Range]) -> Randomization:
-        """These ranges widened to a twin's 95% ``intervals`` (keyed as :attr:`ranges`; empty: ``self`` unchanged).
+        """These ranges widened to a twin's ``intervals`` (keyed as :attr:`ranges`; empty: ``self`` unchanged).
 
         Per parameter, the range is the union of the task's own (a scale: ``centre`` × (1 ± half-width); friction:
         ``centre`` + [0, ``friction``]; a per-element multiplier: its fitted value alone) and the twin's interval,

@@ -17,9 +17,10 @@ Gaussian prior of width ``prior_width`` around 1 so a short log stays near the g
 (raced from two starts: ``search.fit_joints``) to the least-squares optimum; where that leaves a misfit, a CMA-ES
 search of the same space (``search.search_joints``) is polished too and the better kept. Last, the leftover replay error is
 compared with the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
-misfits. Every fitted parameter, global and per joint, gets a 95% interval from a bootstrap over the logs'
-episodes (``stages.twin.intervals``); an unidentifiable one gets its whole search range, and a per-joint one the
-logs pin less than its prior does is named ``weakly_identified`` and its interval is at least the prior's 95% width.
+misfits. Every fitted parameter, global and per joint, gets an interval from a bootstrap over the logs' episodes
+(``stages.twin.intervals``; the global fit's hold the truth together with 95%, and so do the per-joint fit's); an
+unidentifiable one gets its whole search range, and a per-joint one the logs pin less than its prior does is named
+``weakly_identified`` and its interval is at least the prior's width at that level.
 With ``fit_starts`` (the task's default: on for the reacher) the per-joint fit goes on over ``joint_window``-step
 windows with each window's start fitted too (``stages.twin.starts``: errors in variables, where a small friction shows).
 Beside ``twin.json`` the identified model is written as ``twin.xml`` (MJCF).
@@ -43,8 +44,8 @@ from stages.artifacts import Dataset, Misfit, TwinSpec, atomic_dir, sha256_json
 from stages.sim.params import PhysicalParams
 from stages.sim.registry import load
 from stages.twin.calibration_config import CalibrateConfig
-from stages.twin.intervals import (Z, Optimum, StartNoise, debiased, interval, polish, prior_dominated, resample,
-                                   score, start_spread)
+from stages.twin.intervals import (Optimum, StartNoise, debiased, interval, polish, prior_dominated, quantile,
+                                   resample, score, start_spread)
 from stages.twin.replay import Replayer, thinned, windows
 from stages.twin import starts
 from stages.twin.search import FITTED, RACE, JointSearch, Search, fit_global, fit_joints, max_effort, search_joints
@@ -131,13 +132,14 @@ def noise_spread(replayer: Replayer, params_of: Callable[[np.ndarray], PhysicalP
 
 
 def prior_width(box: np.ndarray, x: np.ndarray, weak: np.ndarray, bounds: np.ndarray, width: float) -> np.ndarray:
-    """``box`` (d, 2) with each ``weak`` (prior-dominated) coordinate widened to at least the prior's 95% width around
-    the estimate ``x`` (± Z · ``width``), cut at the bounds. Why: the bootstrap refits share the prior, which pulls
-    every one of them to the same place, so where it dominates their spread is not the uncertainty (arm6's per-joint
-    stand-in: link1's mass, flagged weak, got 1.02-1.15 for a truth of 1.48)."""
-    out = box.copy()
-    out[weak, 0] = np.maximum(np.minimum(box[weak, 0], x[weak] - Z * width), bounds[weak, 0])
-    out[weak, 1] = np.minimum(np.maximum(box[weak, 1], x[weak] + Z * width), bounds[weak, 1])
+    """``box`` (d, 2) with each ``weak`` (prior-dominated) coordinate widened to at least the prior's width around
+    the estimate ``x`` at the pass's level (± ``intervals.quantile`` (d) · ``width``), cut at the bounds. Why: the
+    bootstrap refits share the prior, which pulls every one of them to the same place, so where it dominates their
+    spread is not the uncertainty (arm6's per-joint stand-in: link1's mass, flagged weak, got 1.02-1.15 for a truth
+    of 1.48)."""
+    out, z = box.copy(), quantile(len(x))
+    out[weak, 0] = np.maximum(np.minimum(box[weak, 0], x[weak] - z * width), bounds[weak, 0])
+    out[weak, 1] = np.minimum(np.maximum(box[weak, 1], x[weak] + z * width), bounds[weak, 1])
     return out
 
 
