@@ -66,6 +66,9 @@ class CalibrateSettings(BaseModel):
     sensors: dict[str, SensorWeight] = field_of(CalibrateConfig, "sensors")
     fit_starts: Optional[bool] = field_of(CalibrateConfig, "fit_starts")
     joint_window: Optional[int] = field_of(CalibrateConfig, "joint_window")
+    body_masses: bool = field_of(CalibrateConfig, "body_masses")
+    joint_armature: bool = field_of(CalibrateConfig, "joint_armature")
+    servo_kv: bool = field_of(CalibrateConfig, "servo_kv")
 
 
 class PublishSettings(BaseModel):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import mujoco
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 from stages import standin
 from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore
+from stages.sim.arm6 import Arm6
 from stages.sim.params import PhysicalParams, apply_params
 from stages.sim.registry import load
 from stages.twin.calibrate import CalibrateConfig, calibrate
@@ -135,6 +138,89 @@ def test_a_global_only_twin_names_its_misfit(per_joint_reacher, tmp_path, caplog
     assert twin.params.damping_by_joint == {} and twin.misfit.ratio > 10
     assert twin.misfit.worst_joints[0] == "joint1" and "misfit" in caplog.text and "joint1" in caplog.text
     assert json.loads(twin.path.read_text())["misfit"]["worst_joints"][0] == "joint1"
+
+
+@pytest.mark.slow  # about 1 min on 2 cores
+def test_per_joint_armature_is_recovered_where_gravity_loads_the_links(tmp_path):
+    """arm6's per-joint stand-in with each joint's armature drawn ×0.7-1.4 besides (12 episodes, ``joint_armature``):
+    gravity's torque does not scale with armature, gain or damping, so each joint's armature separates from them.
+    Measured: every armature within 2.7% of its truth and inside its interval, damping and gain within 0.3%, in 35 s."""
+    task, base = load("arm6"), standin.hidden_params("arm6", "per-joint")
+    draws = np.random.default_rng(7).uniform(0.7, 1.4, len(base.damping_by_joint))
+    truth = base.model_copy(update={"armature_by_joint": dict(zip(base.damping_by_joint, np.round(draws, 3).tolist()))})
+    log = record(task, truth, 12, 0, tmp_path / "log.parquet", "arm6-with-armature")
+    ds = DatasetStore(tmp_path / "ds", task, "arm6").ingest([log], "test").dataset
+    twin = calibrate(CalibrateConfig(max_windows=48, generations=30, search_generations=6, max_latency=1,
+                                     body_masses=True, bootstrap=400, joint_armature=True), ds, tmp_path / "twin")
+    p = twin.params
+    for j, true in truth.armature_by_joint.items():
+        lo, hi = twin.intervals[f"armature_by_joint.{j}"]
+        assert p.armature * p.armature_by_joint[j] == pytest.approx(true, rel=0.05), j
+        assert p.armature * lo <= true <= p.armature * hi, (j, lo, hi, true)
+    for field, scale in (("damping_by_joint", "damping"), ("gain_by_actuator", "actuator_gain")):
+        for j, true in getattr(truth, field).items():
+            assert getattr(p, scale) * getattr(p, field)[j] == pytest.approx(getattr(truth, scale) * true, rel=0.02)
+    spec = json.loads(twin.path.read_text())
+    assert set(spec["params"]["armature_by_joint"]) == set(truth.armature_by_joint)
+    assert mujoco.MjModel.from_xml_path(str(tmp_path / "twin" / "twin.xml")).dof_armature == pytest.approx(
+        apply_params(copy.deepcopy(task.model), task.model, p, task.mass_mask).dof_armature)
+
+
+def test_armature_multipliers_come_last_and_only_where_a_joint_has_armature():
+    """``joint_armature``: one log-multiplier per unit whose joints have a datasheet armature, after the body masses,
+    read back by ``point``, named ``armature_by_joint.<joint>`` (both joints of a group), pulled by the prior like
+    damping; the cart-pole's joints have none, so it gets no armature coordinate."""
+    task = load("arm6")
+    joints = [str(task.model.joint(j).name) for j in range(task.model.njnt)][-6:]
+    search = JointSearch(task, PhysicalParams(friction=0.4), {"wrist": tuple(joints[4:])}, ("link1",), armature=True)
+    assert search.armatures == ("wrist", *joints[:4])
+    x = search.start.copy()
+    x[-5:] = np.log([1.3, 1.2, 0.9, 1.1, 0.8])
+    params = search.params(x)
+    assert params.armature_by_joint == pytest.approx(dict(zip(joints, [1.2, 0.9, 1.1, 0.8, 1.3, 1.3])))
+    np.testing.assert_allclose(search.point(params), x)
+    named = search.named(np.stack([x - 0.1, x + 0.1], axis=1))
+    assert named[f"armature_by_joint.{joints[5]}"] == pytest.approx((1.3 * np.exp(-0.1), 1.3 * np.exp(0.1)))
+    assert search.coordinate_names()[-5] == tuple(f"armature_by_joint.{j}" for j in joints[4:])
+    replayer = SimpleNamespace(win=SimpleNamespace(start=np.zeros((4, 1))), width=6)
+    weights = search.prior_weights(replayer, CalibrateConfig(), 0.002)
+    assert weights[-5:] == pytest.approx(weights[:5]) and weights[-5] > 0
+    assert JointSearch(load("cartpole"), PhysicalParams(), {}, armature=True).armatures == ()
+    assert JointSearch(task, PhysicalParams(), {}).armatures == ()
+
+
+@dataclass(frozen=True)
+class ServoDampedArm(Arm6):
+    """arm6 with velocity feedback in its position servos (MuJoCo's ``<position kv>``): 4 N m s/rad on the three big
+    joints, 1 on the wrist's."""
+
+    name: str = "arm6-kv"
+
+    def edit(self, spec: mujoco.MjSpec) -> None:
+        super().edit(spec)
+        for actuator, kv in zip(spec.actuators, (4.0, 4.0, 4.0, 1.0, 1.0, 1.0)):
+            actuator.biasprm[2] = -kv
+
+
+def test_a_servo_velocity_gain_is_its_own_coordinate_and_round_trips_through_twin_xml(tmp_path):
+    """``servo_kv``: a log-multiplier per unit whose servos have a kv, after the others; ``kv_by_actuator`` moves kv
+    (``biasprm[2]``) on top of the gain, which moves kp and kv together, and ``twin.xml`` carries it. arm6's own
+    servos have no kv, so they get none."""
+    task = ServoDampedArm()
+    search = JointSearch(task, PhysicalParams(friction=0.4), {}, kv=True)
+    assert search.kvs == tuple(search.units) and len(search.bounds) == 4 * len(search.units)
+    assert JointSearch(load("arm6"), PhysicalParams(), {}, kv=True).kvs == ()
+    x = search.start.copy()
+    x[-6:] = np.log([1.5, 1, 1, 1, 1, 0.5])
+    params = search.params(x.copy()).model_copy(update={"gain_by_actuator": {"shoulder_pan": 0.8}})
+    assert params.kv_by_actuator["shoulder_pan"] == pytest.approx(1.5)
+    model = apply_params(copy.deepcopy(task.model), task.model, params, task.mass_mask)
+    assert model.actuator_biasprm[0, 1:3] == pytest.approx([-150 * 0.8, -4 * 0.8 * 1.5])
+    assert model.actuator_biasprm[5, 1:3] == pytest.approx([-40, -0.5])
+    np.testing.assert_allclose(search.point(search.params(x)), x)
+    write_mjcf(task, params, tmp_path / "twin.xml")
+    np.testing.assert_allclose(mujoco.MjModel.from_xml_path(str(tmp_path / "twin.xml")).actuator_biasprm,
+                               model.actuator_biasprm)
 
 
 def test_body_mass_multipliers_round_trip_through_the_search():

@@ -10,8 +10,8 @@ unchanged, so it is a payload-like scale). ``friction`` is absolute: Coulomb fri
 (action delay in control steps) and ``obs_noise`` (std of additive Gaussian observation noise).
 
 Per element, optional values on top of those: multipliers ``damping_by_joint`` and ``armature_by_joint``
-(keyed by MJCF joint name) and ``gain_by_actuator`` (keyed by actuator name, or for an unnamed actuator the
-name of the joint it drives); ``friction_by_joint`` is absolute, like ``friction``, and replaces it on that
+(keyed by MJCF joint name), ``gain_by_actuator`` (keyed by actuator name, or for an unnamed actuator the
+name of the joint it drives) and ``kv_by_actuator`` (a position servo's velocity gain, on top of its gain); ``friction_by_joint`` is absolute, like ``friction``, and replaces it on that
 joint; ``mass_by_body`` multiplies a body's mass and inertia together (keyed by body name, on top of ``mass`` for the
 mass bodies): the same factor on both keeps the body's density uniform, so its inertia stays physically consistent.
 Empty (the default) means every element takes the global value.
@@ -24,7 +24,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCALED = ("damping", "actuator_gain", "armature", "mass")
-PER_ELEMENT = ("damping_by_joint", "armature_by_joint", "gain_by_actuator", "friction_by_joint", "mass_by_body")
+PER_ELEMENT = ("damping_by_joint", "armature_by_joint", "gain_by_actuator", "kv_by_actuator", "friction_by_joint",
+               "mass_by_body")
 MAX_SPREAD = 2.0
 """A twin's interval of a scale or multiplier is cut at ×/÷ this around the fitted value: an unidentifiable one spans
 the whole search range [0.2, 5], and a policy trained across a 25× range of gains learns a timid compromise."""
@@ -49,6 +50,8 @@ class PhysicalParams(BaseModel):
                                                 "joint, in place of ``friction``.")
     gain_by_actuator: dict[str, float] = Field(default_factory=dict,
                                                description="Multiplier on ``actuator_gain`` per actuator.")
+    kv_by_actuator: dict[str, float] = Field(default_factory=dict, description="Multiplier on a position servo's "
+                                             "velocity gain (kv) per actuator, on top of its gain: kv apart from kp.")
     mass_by_body: dict[str, float] = Field(default_factory=dict, description="Multiplier on mass and inertia per body "
                                            "(on top of ``mass`` for the mass bodies).")
 
@@ -188,10 +191,11 @@ def apply_params(
     friction = _per_dof(nominal, params.friction_by_joint, params.friction)
     model.dof_frictionloss[:] = nominal.dof_frictionloss + np.where(actuated, friction, 0.0)
     # force = gain·ctrl + bias₁·length + bias₂·velocity: scaling gain and both bias terms scales a motor's
-    # torque and a servo's kp and kv alike, and keeps a servo's setpoint where it was
+    # torque and a servo's kp and kv alike, and keeps a servo's setpoint where it was; kv_by_actuator then moves kv
     gain = params.actuator_gain * _per_actuator(nominal, params.gain_by_actuator)
     model.actuator_gainprm[:, 0] = nominal.actuator_gainprm[:, 0] * gain
-    model.actuator_biasprm[:, 1:3] = nominal.actuator_biasprm[:, 1:3] * gain[:, None]
+    model.actuator_biasprm[:, 1] = nominal.actuator_biasprm[:, 1] * gain
+    model.actuator_biasprm[:, 2] = nominal.actuator_biasprm[:, 2] * gain * _per_actuator(nominal, params.kv_by_actuator)
     model.body_mass[:] = nominal.body_mass * scale
     model.body_inertia[:] = nominal.body_inertia * scale[:, None]
     mujoco.mj_setConst(model, mujoco.MjData(model) if scratch is None else scratch)

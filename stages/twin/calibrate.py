@@ -12,8 +12,9 @@ CMA-ES mean to the least-squares optimum, which is the estimate.
 
 The global fit is then the prior of a per-joint one: Levenberg-Marquardt fits, per actuated joint (or per ``groups``
 entry: joints that share hardware), log-multipliers on damping and on the gain of the actuators driving
-it, and with ``body_masses`` on the mass of each of the task's mass bodies (when it has several), with a
-Gaussian prior of width ``prior_width`` around 1 so a short log stays near the global fit, and its friction
+it, with ``body_masses`` on the mass of each of the task's mass bodies (when it has several), with
+``joint_armature`` on each joint's armature and with ``servo_kv`` on each position servo's velocity gain, with a Gaussian
+prior of width ``prior_width`` around 1 so a short log stays near the global fit, and its friction
 (raced from two starts: ``search.fit_joints``) to the least-squares optimum; where that leaves a misfit, a CMA-ES
 search of the same space (``search.search_joints``) is polished too and the better kept. Last, the leftover replay error is
 compared with the noise floor (the error sensor noise alone leaves); well above it, the twin names the joints it
@@ -182,7 +183,7 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
     noise = noise_estimate(replayer, global_fit)
     several = cfg.body_masses and len(task.mass_bodies) > 1
     bodies = task.mass_bodies if several else ()
-    joint_search = JointSearch(task, global_fit, cfg.groups, bodies)
+    joint_search = JointSearch(task, global_fit, cfg.groups, bodies, cfg.joint_armature, cfg.servo_kv)
     resamples = resample(replayer.win.episode, cfg.bootstrap, cfg.seed)
     spread = noise_spread(replayer, global_of, global_opt, search.bounds, free, np.zeros(len(FITTED)), cfg,
                           noise).spread

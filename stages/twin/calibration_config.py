@@ -46,6 +46,12 @@ class CalibrateConfig(BaseModel):
                                                  "several mass bodies, whether or not the global mass is identified). "
                                                  "Off by default: on arm6's per-joint stand-in three of six links' "
                                                  "intervals still miss their truth.")
+    joint_armature: bool = Field(False, description="Also fit an armature multiplier per joint (with a nonzero datasheet "
+                                 "armature) in the per-joint pass. Off by default: without gravity or coupled link "
+                                 "inertia a joint's armature trades against its gain and damping (the planar reacher).")
+    servo_kv: bool = Field(False, description="Also fit a velocity-gain (kv) multiplier per position servo that has "
+                           "one, apart from its gain (kp), in the per-joint pass. Off by default: below the servo's "
+                           "force limit kv acts as joint damping does, so only saturated steps tell them apart.")
     misfit_ratio: float = Field(2.0, gt=1, description="Replay error over the noise floor above which the twin "
                                                        "reports a misfit.")
     bootstrap: int = Field(2000, ge=20, description="Episode resamples of the bootstrap intervals: each tail of one of "

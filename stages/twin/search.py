@@ -72,10 +72,13 @@ class JointSearch:
     """The per-joint search space, per unit (an actuated joint, or one group of ``CalibrateConfig.groups``):
     log-multipliers on damping and on the gain of the actuators driving it, and its friction in units of
     ``JOINT_FRICTION_UNIT`` × max effort, up to ``FRICTION_RANGE`` × max effort (started at the global fit's); then a
-    log-multiplier on the mass (and inertia) of each of ``bodies``."""
+    log-multiplier on the mass (and inertia) of each of ``bodies``; then, with ``armature``, a log-multiplier on each
+    unit's armature (where its joints have a datasheet armature: a multiplier on none moves nothing); then, with
+    ``kv``, one on the velocity gain of each unit's position servos (where they have one). Each coordinate sets one
+    per-element field of ``PhysicalParams`` for every joint (or actuator, or body) of its unit."""
 
     def __init__(self, task: Task, fitted: PhysicalParams, groups: dict[str, tuple[str, ...]],
-                 bodies: tuple[str, ...] = ()) -> None:
+                 bodies: tuple[str, ...] = (), armature: bool = False, kv: bool = False) -> None:
         model = task.model
         dofs = np.flatnonzero(actuated_dofs(model))
         actuated = [str(model.joint(j).name) for j in range(model.njnt) if model.jnt_dofadr[j] in dofs]
@@ -83,56 +86,59 @@ class JointSearch:
         if unknown := grouped - set(actuated):
             raise ValueError(f"groups name joints that are not actuated joints of {task.name}: {sorted(unknown)}")
         self.units = {**{g: tuple(j) for g, j in groups.items()}, **{j: (j,) for j in actuated if j not in grouped}}
-        drives = {a: str(model.joint(model.actuator_trnid[i, 0]).name) for i, a in enumerate(actuator_names(model))
+        names = actuator_names(model)
+        drives = {a: str(model.joint(model.actuator_trnid[i, 0]).name) for i, a in enumerate(names)
                   if model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT}
         self.actuators = {u: tuple(a for a, j in drives.items() if j in joints) for u, joints in self.units.items()}
         self.bodies = bodies
-        self.fitted, self.friction_unit, n = fitted, JOINT_FRICTION_UNIT * max_effort(task), len(self.units)
-        self.bounds = np.array([np.log([0.2, 5.0])] * 2 * n + [[0.0, FRICTION_RANGE / JOINT_FRICTION_UNIT]] * n
-                               + [np.log([0.2, 5.0])] * len(bodies)).reshape(-1, 2)
-        self.start = np.r_[np.zeros(2 * n), np.full(n, fitted.friction / self.friction_unit), np.zeros(len(bodies))]
+        heavy = {str(model.joint(j).name) for j in range(model.njnt) if model.dof_armature[model.jnt_dofadr[j]] > 0}
+        damped = {a for i, a in enumerate(names) if model.actuator_biasprm[i, 2] != 0}
+        self.armatures = tuple(u for u, joints in self.units.items() if set(joints) & heavy) if armature else ()
+        self.kvs = tuple(u for u, acts in self.actuators.items() if set(acts) & damped) if kv else ()
+        self.coordinates: list[tuple[str, tuple[str, ...]]] = [
+            *(("damping_by_joint", self.units[u]) for u in self.units),
+            *(("gain_by_actuator", self.actuators[u]) for u in self.units),
+            *(("friction_by_joint", self.units[u]) for u in self.units),
+            *(("mass_by_body", (b,)) for b in bodies),
+            *(("armature_by_joint", self.units[u]) for u in self.armatures),
+            *(("kv_by_actuator", self.actuators[u]) for u in self.kvs)]
+        """(per-element field, the elements it sets) per search coordinate."""
+        self.friction = np.array([f == "friction_by_joint" for f, _ in self.coordinates])
+        """Which coordinates are frictions (in friction units, from 0); the others are log-multipliers."""
+        self.fitted, self.friction_unit = fitted, JOINT_FRICTION_UNIT * max_effort(task)
+        self.bounds = np.where(self.friction[:, None], [0.0, FRICTION_RANGE / JOINT_FRICTION_UNIT], np.log([0.2, 5.0]))
+        self.start = np.where(self.friction, fitted.friction / self.friction_unit, 0.0)
+
+    def values(self, x: np.ndarray) -> np.ndarray:
+        """Search coordinates as parameter values: multipliers, friction in joint units."""
+        return np.where(self.friction, x * self.friction_unit, np.exp(x))
 
     def params(self, x: np.ndarray) -> PhysicalParams:
-        n = len(self.units)
-        damping, gain, friction = (dict(zip(self.units, map(float, v))) for v in (np.exp(x[:n]), np.exp(x[n : 2 * n]),
-                                                                                  x[2 * n : 3 * n] * self.friction_unit))
-        return self.fitted.model_copy(update={
-            "damping_by_joint": {j: v for u, v in damping.items() for j in self.units[u]},
-            "gain_by_actuator": {a: v for u, v in gain.items() for a in self.actuators[u]},
-            "friction_by_joint": {j: v for u, v in friction.items() for j in self.units[u]},
-            "mass_by_body": dict(zip(self.bodies, map(float, np.exp(x[3 * n :]))))})
+        fields: dict[str, dict[str, float]] = {f: {} for f in ("damping_by_joint", "gain_by_actuator",
+                                                               "friction_by_joint", "mass_by_body")}
+        for (field, elements), value in zip(self.coordinates, self.values(x).tolist()):
+            fields.setdefault(field, {}).update(dict.fromkeys(elements, value))
+        return self.fitted.model_copy(update=fields)
 
     def point(self, params: PhysicalParams) -> np.ndarray:
-        """The search point of ``params`` (the inverse of ``params``; each unit read at its first joint)."""
-        units = self.units.values()
-        return np.r_[[np.log(params.damping_by_joint[j[0]]) for j in units],
-                     [np.log(params.gain_by_actuator[a[0]]) for a in self.actuators.values()],
-                     [params.friction_by_joint[j[0]] / self.friction_unit for j in units],
-                     [np.log(params.mass_by_body[b]) for b in self.bodies]]
+        """The search point of ``params`` (the inverse of ``params``; each coordinate read at its first element)."""
+        values = np.array([getattr(params, field)[elements[0]] for field, elements in self.coordinates])
+        return np.where(self.friction, values / self.friction_unit, np.log(values))
 
     def starts(self) -> list[np.ndarray]:
         """The per-joint fits' starting points: ``start`` (the global fit's friction on every joint) and, where that
         friction is not 0, the same with no friction."""
-        low = self.start.copy()
-        low[2 * len(self.units) : 3 * len(self.units)] = 0.0
+        low = np.where(self.friction, 0.0, self.start)
         return [self.start] if np.array_equal(low, self.start) else [self.start, low]
 
     def coordinate_names(self) -> list[tuple[str, ...]]:
         """Per search coordinate, the ``<field>.<name>`` parameters it sets (a group's joints share one)."""
-        return ([tuple(f"damping_by_joint.{j}" for j in self.units[u]) for u in self.units]
-                + [tuple(f"gain_by_actuator.{a}" for a in self.actuators[u]) for u in self.units]
-                + [tuple(f"friction_by_joint.{j}" for j in self.units[u]) for u in self.units]
-                + [(f"mass_by_body.{b}",) for b in self.bodies])
+        return [tuple(f"{field}.{e}" for e in elements) for field, elements in self.coordinates]
 
     def named(self, box: np.ndarray) -> dict[str, tuple[float, float]]:
         """(d, 2) search-space intervals as per-element values (multipliers, friction), by ``<field>.<name>``."""
-        n, pair = len(self.units), lambda v: (float(v[0]), float(v[1]))  # noqa: E731
-        damping, gain = np.exp(box[:n]), np.exp(box[n : 2 * n])
-        friction, mass = box[2 * n : 3 * n] * self.friction_unit, np.exp(box[3 * n :])
-        return {**{f"damping_by_joint.{j}": pair(damping[i]) for i, u in enumerate(self.units) for j in self.units[u]},
-                **{f"gain_by_actuator.{a}": pair(gain[i]) for i, u in enumerate(self.units) for a in self.actuators[u]},
-                **{f"friction_by_joint.{j}": pair(friction[i]) for i, u in enumerate(self.units) for j in self.units[u]},
-                **{f"mass_by_body.{b}": pair(mass[i]) for i, b in enumerate(self.bodies)}}
+        lo, hi = self.values(box[:, 0]), self.values(box[:, 1])
+        return {name: (float(a), float(b)) for names, a, b in zip(self.coordinate_names(), lo, hi) for name in names}
 
     def prior_weights(self, replayer: Replayer, cfg: CalibrateConfig, noise: float,
                       independent: int | None = None) -> np.ndarray:
@@ -140,12 +146,10 @@ class JointSearch:
         ``noise`` (the sensor noise estimate), mse + noise² · |x|² / (prior_width² · n) is the MAP objective, counting
         n = ``independent`` of them as independent, by default windows × residuals per step (``Replayer.width``): steps
         within a window are correlated by the noise on its logged start. With the starts fitted (``stages.twin.starts``)
-        that correlation is gone and every residual counts. The log-multipliers (damping, gain, mass) have it; friction
-        has none."""
+        that correlation is gone and every residual counts. The log-multipliers (damping, gain, mass, armature, kv)
+        have it; friction has none."""
         count = len(replayer.win.start) * replayer.width if independent is None else independent
-        weight = noise**2 / (cfg.prior_width**2 * count)
-        n = len(self.units)
-        return np.r_[np.full(2 * n, weight), np.zeros(n), np.full(len(self.bodies), weight)]
+        return np.where(self.friction, 0.0, noise**2 / (cfg.prior_width**2 * count))
 
 
 def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> Optimum:
