@@ -16,7 +16,7 @@ from stages.collect.rollouts import record
 from stages.collect.store import DatasetStore
 from stages.sim.arm6 import Arm6
 from stages.sim.params import PhysicalParams, apply_params
-from stages.sim.registry import load
+from stages.sim.registry import load, register, unregister
 from stages.twin.calibrate import CalibrateConfig, calibrate
 from stages.twin.replay import Replayer, windows
 from stages.twin.search import JointSearch, fit_joints
@@ -129,7 +129,7 @@ def test_per_joint_friction_comes_down_from_a_high_global_fit(tmp_path):
     replayer = Replayer(task, windows(task, dataset, cfg), cfg.nthread)
     search = JointSearch(task, PhysicalParams(damping=1.4823, actuator_gain=0.9091, friction=0.4393, latency_steps=1,
                                               obs_noise=0.00198), {})
-    fitted = search.params(fit_joints(replayer, search, cfg, 0.00198).x)
+    fitted = search.params(fit_joints(replayer, search, cfg, 0.00198)[0].x)
     assert fitted.friction_by_joint == pytest.approx(truth.friction_by_joint, abs=0.03)
 
 
@@ -221,6 +221,33 @@ def test_a_servo_velocity_gain_is_its_own_coordinate_and_round_trips_through_twi
     write_mjcf(task, params, tmp_path / "twin.xml")
     np.testing.assert_allclose(mujoco.MjModel.from_xml_path(str(tmp_path / "twin.xml")).actuator_biasprm,
                                model.actuator_biasprm)
+
+
+@pytest.fixture
+def servo_damped_arm():
+    register("arm6-kv", ServoDampedArm)
+    yield load("arm6-kv")
+    unregister("arm6-kv")
+
+
+@pytest.mark.slow  # about 1 min on 2 cores
+def test_per_servo_velocity_gain_is_recovered(servo_damped_arm, tmp_path):
+    """``servo_kv`` on arm6's per-joint stand-in with servo kv drawn ×0.6-1.5 besides (12 episodes). Measured: every
+    kv within 4.6%, the replay error 0.996× the truth's; 22 of the 24 joint values' intervals hold (wrist flex's kv
+    −4.2% and gain −1.2% miss). Before the race held kv and the prior was weighted by the race's noise estimate, the
+    wrist stopped in a local minimum: wrist roll's kv +42%, its replay error 1.05× the truth's."""
+    task, base = servo_damped_arm, standin.hidden_params("arm6", "per-joint")
+    draws = np.random.default_rng(11).uniform(0.6, 1.5, len(base.gain_by_actuator))
+    truth = base.model_copy(update={"kv_by_actuator": dict(zip(base.gain_by_actuator, np.round(draws, 3).tolist()))})
+    log = record(task, truth, 12, 0, tmp_path / "log.parquet", "arm6-kv")
+    ds = DatasetStore(tmp_path / "ds", task, "arm6-kv").ingest([log], "test").dataset
+    cfg = CalibrateConfig(max_windows=48, generations=30, search_generations=6, max_latency=1, body_masses=True,
+                          bootstrap=400, servo_kv=True)
+    twin = calibrate(cfg, ds, tmp_path / "twin")
+    assert twin.params.kv_by_actuator == pytest.approx(truth.kv_by_actuator, rel=0.06)
+    replayer = Replayer(task, windows(task, ds, cfg), cfg.nthread)
+    fitted, true = replayer.errors([twin.params, truth])
+    assert fitted < 1.02 * true, (fitted, true)
 
 
 def test_body_mass_multipliers_round_trip_through_the_search():

@@ -47,7 +47,7 @@ from stages.sim.registry import load
 from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.intervals import (Optimum, StartNoise, debiased, interval, polish, prior_dominated, quantile,
                                    resample, score, start_spread)
-from stages.twin.replay import Replayer, thinned, windows
+from stages.twin.replay import Replayer, noise_estimate, thinned, windows
 from stages.twin import starts
 from stages.twin.search import FITTED, RACE, JointSearch, Search, fit_global, fit_joints, max_effort, search_joints
 from stages.twin.twin_files import plot_replay, write_mjcf
@@ -96,13 +96,6 @@ def sensitivity(replayer: Replayer, fitted: PhysicalParams, error: float) -> dic
     return {name: float(e / error - 1) for name, e in zip(FITTED, errs)}
 
 
-def noise_estimate(replayer: Replayer, fitted: PhysicalParams) -> float:
-    """Sensor noise std from the one-step replay residual (target noise σ², start noise (gσ)² with g the smoothing's
-    ``Windows.start_noise``: var ≈ (1 + g²)σ²)."""
-    first = (replayer.replay([fitted])[0, :, 0] - replayer.win.target[:, 0])[:, replayer.joints]
-    return float(np.sqrt((first**2).mean() / (1 + replayer.win.start_noise**2)))
-
-
 def least_squares(replayer: Replayer, params_of: Callable[[np.ndarray], PhysicalParams], x: np.ndarray,
                   bounds: np.ndarray, free: np.ndarray, prior: np.ndarray) -> Optimum:
     """The least-squares optimum near the CMA-ES point ``x`` (``intervals.polish``): the twin's point estimate."""
@@ -144,19 +137,21 @@ def prior_width(box: np.ndarray, x: np.ndarray, weak: np.ndarray, bounds: np.nda
     return out
 
 
-def joint_optimum(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> Optimum:
+def joint_optimum(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig,
+                  noise: float) -> tuple[Optimum, float]:
     """The per-joint least-squares fit: Levenberg-Marquardt from the global fit (``search.fit_joints``); where that
-    leaves a misfit (``misfit``), also the CMA-ES race (``search.search_joints``) polished, and the better of the two."""
+    leaves a misfit (``misfit``), also the CMA-ES race (``search.search_joints``) polished, and the better of the two.
+    Returns it and the noise estimate its prior was weighted by (``fit_joints``)."""
+    local, noise = fit_joints(replayer, search, cfg, noise)
     prior, every = search.prior_weights(replayer, cfg, noise), np.ones(len(search.bounds), bool)
-    local = fit_joints(replayer, search, cfg, noise)
     params = search.params(local.x)
     params = params.model_copy(update={"obs_noise": noise_estimate(replayer, params)})
     if not cfg.joint_generations or not misfit(replayer, params, cfg.misfit_ratio, cfg.seed).worst_joints:
-        return local
+        return local, noise
     log.info("%s: the per-joint fit leaves a misfit; searching with CMA-ES", replayer.task.name)
     searched = least_squares(replayer, search.params, search_joints(replayer, search, cfg, noise), search.bounds, every,
                              prior)
-    return min((local, searched), key=lambda o: score(o.residuals, o.x, prior))
+    return min((local, searched), key=lambda o: score(o.residuals, o.x, prior)), noise
 
 
 def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec:
@@ -198,17 +193,18 @@ def calibrate(cfg: CalibrateConfig, dataset: Dataset, out_dir: Path) -> TwinSpec
         joint_resamples = resample(jr.win.episode, cfg.bootstrap, cfg.seed) if long or cfg.fit_starts else resamples
         independent = len(jr.win.start) * (jr.win.target.shape[1] * jr.width + len(starts.start_columns(jr))) \
             if cfg.fit_starts else None
-        joint_prior = joint_search.prior_weights(jr, cfg, noise, independent)
         every = np.ones(len(joint_search.bounds), bool)
         if cfg.fit_starts:
             # only the race, no CMA-ES: the profiled fit goes on from its point. On the per-joint reacher 24 steps
             # instead moved no estimate (seeds 0-3); on seed 8 the race's misfit started CMA-ES (81 s), which ended
             # where the profiled fit from the race did (joint 1's friction 0.0514 and 0.0515 N m)
-            race = fit_joints(replayer, joint_search, cfg.model_copy(update={"joint_steps": RACE}), noise)
+            race, joint_noise = fit_joints(replayer, joint_search, cfg.model_copy(update={"joint_steps": RACE}), noise)
+            joint_prior = joint_search.prior_weights(jr, cfg, joint_noise, independent)
             joint_opt, joints = starts.fit(jr, joint_search.params, race.x, lambda r, x: polish(
                 r, x, joint_search.bounds, every, joint_prior, RACE))
         else:
-            joint_opt, joints = joint_optimum(replayer, joint_search, cfg, noise), jr
+            (joint_opt, joint_noise), joints = joint_optimum(replayer, joint_search, cfg, noise), jr
+            joint_prior = joint_search.prior_weights(jr, cfg, joint_noise, independent)
             if long:
                 joint_opt = least_squares(jr, joint_search.params, joint_opt.x, joint_search.bounds, every, joint_prior)
         start = noise_spread(joints, joint_search.params, joint_opt, joint_search.bounds, every, joint_prior, cfg,

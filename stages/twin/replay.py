@@ -141,6 +141,13 @@ def windows(task: Task, dataset: Dataset, cfg: CalibrateConfig) -> Windows:
                    sensor_names=sensors.names)
 
 
+def noise_estimate(replayer: Replayer, fitted: PhysicalParams) -> float:
+    """Sensor noise std from the one-step replay residual (target noise σ², start noise (gσ)² with g the smoothing's
+    ``Windows.start_noise``: var ≈ (1 + g²)σ²)."""
+    first = (replayer.replay([fitted])[0, :, 0] - replayer.win.target[:, 0])[:, replayer.joints]
+    return float(np.sqrt((first**2).mean() / (1 + replayer.win.start_noise**2)))
+
+
 class Replayer:
     """Replays all windows for a batch of candidate parameter sets in one rollout call."""
 

@@ -12,7 +12,7 @@ from stages.sim.params import PhysicalParams, actuated_dofs, actuator_names
 from stages.sim.task import Task
 from stages.twin.calibration_config import CalibrateConfig
 from stages.twin.intervals import Optimum, polish, score
-from stages.twin.replay import Replayer
+from stages.twin.replay import Replayer, noise_estimate
 
 FITTED = ("damping", "actuator_gain", "mass", "friction")
 LOG_SCALED = ("damping", "actuator_gain", "mass")
@@ -105,6 +105,11 @@ class JointSearch:
         """(per-element field, the elements it sets) per search coordinate."""
         self.friction = np.array([f == "friction_by_joint" for f, _ in self.coordinates])
         """Which coordinates are frictions (in friction units, from 0); the others are log-multipliers."""
+        self.late = np.array([f == "kv_by_actuator" for f, _ in self.coordinates])
+        """Coordinates ``fit_joints``' race holds: below its force limit a servo's kv acts as its joint's damping does,
+        so damping takes it first and kv splits from it after (arm6 with kv: from a global fit of gain 1.0 for truths of
+        0.62-0.87 and friction 6.3 N m for 0.34-0.67, both released at once ended with wrist roll's kv ×1.7-2.0 for 0.73
+        and a replay MSE 1.6-1.9× the truth's; staged, 0.70-0.72 and 1.01×)."""
         self.fitted, self.friction_unit = fitted, JOINT_FRICTION_UNIT * max_effort(task)
         self.bounds = np.where(self.friction[:, None], [0.0, FRICTION_RANGE / JOINT_FRICTION_UNIT], np.log([0.2, 5.0]))
         self.start = np.where(self.friction, fitted.friction / self.friction_unit, 0.0)
@@ -152,12 +157,13 @@ class JointSearch:
         return np.where(self.friction, 0.0, noise**2 / (cfg.prior_width**2 * count))
 
 
-def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> Optimum:
+def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> tuple[Optimum, float]:
     """Levenberg-Marquardt (``intervals.polish``) on the per-joint values x, minimising the replay MSE plus a Gaussian
     prior on the log-multipliers around the global fit (``JointSearch.prior_weights``): the least-squares optimum, which
     is the per-joint estimate. It never scores worse than the global fit, where it starts.
 
-    Two starts race ``RACE`` trial steps, and the better one takes the rest of ``cfg.joint_steps``: the global fit's
+    Two starts race ``RACE`` trial steps (servo kv held: ``JointSearch.late``), and the better one takes the rest of
+    ``cfg.joint_steps`` with every coordinate free: the global fit's
     friction on every joint (``JointSearch.start``), and no friction. Why: a global fit that cannot represent per-joint
     damping makes friction stand in for it (arm6's per-joint stand-in: 6.2 N m globally for truths of 0.34-0.67 N m).
     On the reacher (5 min of logs: 0.44 N m globally, truths 0.02 and 0.06 N m) joint 1's friction trades against its
@@ -165,16 +171,27 @@ def fit_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, no
     steps); ``search_joints`` (two CMA-ES starts of 80 generations, 1,444 replays) ended at the same point (0.08 N m)
     in 4x the time. On 2 minutes of logs, though, the search stopped at a local minimum with joint 1's friction at 0
     and its damping 27% high, which only the CMA-ES race left: so calibration runs it where this fit leaves a misfit.
+
+    The prior's weight goes as the sensor noise: ``noise``, estimated from the global fit's one-step replay error, is
+    estimated again at the race's winner, and the lower one weights the rest of the fit; it is returned with the
+    optimum. Why: a global fit that cannot represent the robot inflates it (arm6 with servo kv: 0.0069 for 0.002), the
+    prior then weighs 12× what it should, and along a valley of values that trade (a wrist's kv, gain, damping and
+    friction) it, not the logs, placed the fit: wrist roll's kv ×0.85 for 0.73 with its interval missing; re-weighted,
+    ×0.70-0.72.
     """
     prior, every = search.prior_weights(replayer, cfg, noise), np.ones(len(search.bounds), bool)
 
-    def fit(x: np.ndarray, trials: int) -> Optimum:
-        return polish(lambda xs: replayer.residuals([search.params(v) for v in xs]), x, search.bounds, every, prior,
+    def fit(x: np.ndarray, trials: int, free: np.ndarray, prior: np.ndarray) -> Optimum:
+        return polish(lambda xs: replayer.residuals([search.params(v) for v in xs]), x, search.bounds, free, prior,
                       trials)
 
-    racers = [fit(x, min(RACE, cfg.joint_steps)) for x in search.starts()]
+    racers = [fit(x, min(RACE, cfg.joint_steps), ~search.late, prior) for x in search.starts()]
     best = min(racers, key=lambda o: score(o.residuals, o.x, prior))
-    return fit(best.x, cfg.joint_steps - RACE) if cfg.joint_steps > RACE else best
+    noise = min(noise, noise_estimate(replayer, search.params(best.x)))
+    rest = cfg.joint_steps - RACE
+    if rest <= 0 and not search.late.any():
+        return best, noise
+    return fit(best.x, max(rest, 0), every, search.prior_weights(replayer, cfg, noise)), noise
 
 
 def search_joints(replayer: Replayer, search: JointSearch, cfg: CalibrateConfig, noise: float) -> np.ndarray:
