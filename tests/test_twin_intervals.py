@@ -95,13 +95,20 @@ def test_an_unidentifiable_parameter_gets_its_whole_search_range():
 
 
 def test_a_coordinate_its_prior_pins_more_than_the_logs_is_named():
-    """The data's curvature along a coordinate (mean squared Jacobian) against its prior's weight: the first pins
-    coordinate 0, the prior pins coordinate 1, coordinate 2 has no prior (friction), coordinate 3 is not fitted."""
-    jac = np.zeros((3, 4, 5))
-    jac[0], jac[1], jac[2] = 1.0, 1e-3, 1e-6
-    optimum = Optimum(np.zeros(4), np.zeros((4, 5)), jac)
+    """Each coordinate's variance from the logs alone against its prior's: the logs pin coordinate 0, the prior pins
+    coordinate 1, coordinate 2 has no prior (friction), coordinate 3 is not fitted. Then two coordinates that each move
+    the replays as much as coordinate 0 does, but only together (a valley): both are named, though along each alone
+    the logs' curvature is far above the prior's weight."""
+    pattern = np.random.default_rng(0).normal(size=(3, 40, 5))
+    jac = pattern * np.array([1.0, 1e-3, 1e-6])[:, None, None]
+    optimum = Optimum(np.zeros(4), np.zeros((40, 5)), jac)
     flags = prior_dominated(optimum, np.array([True, True, True, False]), np.array([1e-4, 1e-4, 0.0, 1.0]))
     assert flags.tolist() == [False, True, False, False]
+    valley = np.stack([pattern[0], pattern[0] + 1e-4 * pattern[1], pattern[2]])
+    prior = np.array([1e-4, 1e-4, 1e-4])
+    assert (valley**2).mean(axis=(1, 2)).min() > 1e3 * prior.max()
+    flags = prior_dominated(Optimum(np.zeros(3), np.zeros((40, 5)), valley), np.ones(3, bool), prior)
+    assert flags.tolist() == [True, True, False]
 
 
 def test_start_noise_refits_find_each_draws_optimum_and_its_mean_offset():

@@ -144,7 +144,8 @@ def test_a_global_only_twin_names_its_misfit(per_joint_reacher, tmp_path, caplog
 def test_per_joint_armature_is_recovered_where_gravity_loads_the_links(tmp_path):
     """arm6's per-joint stand-in with each joint's armature drawn ×0.7-1.4 besides (12 episodes, ``joint_armature``):
     gravity's torque does not scale with armature, gain or damping, so each joint's armature separates from them.
-    Measured: every armature within 2.7% of its truth and inside its interval, damping and gain within 0.3%, in 35 s."""
+    Measured: every armature within 2.4% of its truth and inside its interval (shoulder pan's, which trades against link
+    1's mass out of gravity's reach, named weakly identified with it), damping and gain within 0.3%, in 26 s."""
     task, base = load("arm6"), standin.hidden_params("arm6", "per-joint")
     draws = np.random.default_rng(7).uniform(0.7, 1.4, len(base.damping_by_joint))
     truth = base.model_copy(update={"armature_by_joint": dict(zip(base.damping_by_joint, np.round(draws, 3).tolist()))})
@@ -162,6 +163,7 @@ def test_per_joint_armature_is_recovered_where_gravity_loads_the_links(tmp_path)
             assert getattr(p, scale) * getattr(p, field)[j] == pytest.approx(getattr(truth, scale) * true, rel=0.02)
     spec = json.loads(twin.path.read_text())
     assert set(spec["params"]["armature_by_joint"]) == set(truth.armature_by_joint)
+    assert {"armature_by_joint.shoulder_pan", "mass_by_body.link1"} <= set(spec["weakly_identified"])
     assert mujoco.MjModel.from_xml_path(str(tmp_path / "twin" / "twin.xml")).dof_armature == pytest.approx(
         apply_params(copy.deepcopy(task.model), task.model, p, task.mass_mask).dof_armature)
 
