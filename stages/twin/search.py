@@ -128,7 +128,7 @@ class JointSearch:
     def point(self, params: PhysicalParams) -> np.ndarray:
         """The search point of ``params`` (the inverse of ``params``; each coordinate read at its first element)."""
         values = np.array([getattr(params, field)[elements[0]] for field, elements in self.coordinates])
-        return np.where(self.friction, values / self.friction_unit, np.log(values))
+        return np.where(self.friction, values / self.friction_unit, np.log(np.where(self.friction, 1.0, values)))
 
     def starts(self) -> list[np.ndarray]:
         """The per-joint fits' starting points: ``start`` (the global fit's friction on every joint) and, where that
