@@ -8,7 +8,8 @@ replayed and logged positions at the control steps (sysid's default residual res
 normalizes each window by its positions' norm). ``sysid.optimize`` (MuJoCo's least squares) fits them from the
 nominal model, and ``sysid.calculate_intervals`` gives its 95% intervals, each one alone; they are widened here to
 hold together at 95% as sim2edge's do (× ``intervals.quantile`` (d) / 1.96 for d parameters), so both sides state the
-same confidence. sysid has no integer latency search: it replays at the latency sim2edge found. Called by ``benchmarks/calibrate_reacher.py --sysid``.
+same confidence. sysid has no integer latency search: it replays at the latency sim2edge found. Called by
+``benchmarks/calibrate_reacher.py --sysid``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ unchanged, so it is a payload-like scale). ``friction`` is absolute: Coulomb fri
 
 Per element, optional values on top of those: multipliers ``damping_by_joint`` and ``armature_by_joint``
 (keyed by MJCF joint name), ``gain_by_actuator`` (keyed by actuator name, or for an unnamed actuator the
-name of the joint it drives) and ``kv_by_actuator`` (a position servo's velocity gain, on top of its gain); ``friction_by_joint`` is absolute, like ``friction``, and replaces it on that
+name of the joint it drives) and ``kv_by_actuator`` (a position servo's velocity gain, on top of its gain);
+``friction_by_joint`` is absolute, like ``friction``, and replaces it on that
 joint; ``mass_by_body`` multiplies a body's mass and inertia together (keyed by body name, on top of ``mass`` for the
 mass bodies): the same factor on both keeps the body's density uniform, so its inertia stays physically consistent.
 Empty (the default) means every element takes the global value.

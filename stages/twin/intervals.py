@@ -230,11 +230,12 @@ def interval(optimum: Optimum, bounds: np.ndarray, free: np.ndarray, resamples: 
     if not free.any():
         return out
     x, d = optimum.x, int(free.sum())
+    z, out_of_each = quantile(d), tail(d)
     every = np.ones_like(resamples.weights[0])
     refits = steps(optimum.residuals, optimum.jacobian, x, free, np.vstack([every, resamples.weights]), prior)
-    fits = x[free] + resamples.widening(quantile(d)) * (refits[1:] - refits[0])
-    lo, hi = np.percentile(fits, (100 * tail(d), 100 * (1 - tail(d))), axis=0)
-    extra = (quantile(d) * (np.zeros(d) if spread is None else spread)) ** 2
+    fits = x[free] + resamples.widening(z) * (refits[1:] - refits[0])
+    lo, hi = np.percentile(fits, (100 * out_of_each, 100 * (1 - out_of_each)), axis=0)
+    extra = (z * (np.zeros(d) if spread is None else spread)) ** 2
     lo = x[free] - np.sqrt(np.maximum(x[free] - lo, 0) ** 2 + extra)
     hi = x[free] + np.sqrt(np.maximum(hi - x[free], 0) ** 2 + extra)
     finite = np.isfinite(fits).all(axis=0)

@@ -90,7 +90,6 @@ class JointSearch:
         drives = {a: str(model.joint(model.actuator_trnid[i, 0]).name) for i, a in enumerate(names)
                   if model.actuator_trntype[i] == mujoco.mjtTrn.mjTRN_JOINT}
         self.actuators = {u: tuple(a for a, j in drives.items() if j in joints) for u, joints in self.units.items()}
-        self.bodies = bodies
         heavy = {str(model.joint(j).name) for j in range(model.njnt) if model.dof_armature[model.jnt_dofadr[j]] > 0}
         damped = {a for i, a in enumerate(names) if model.actuator_biasprm[i, 2] != 0}
         self.armatures = tuple(u for u, joints in self.units.items() if set(joints) & heavy) if armature else ()
